@@ -1,0 +1,149 @@
+"""The ``asr_spec`` command line."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_DRAFT = "layers:0,5"  # untrained truncated copy until a distilled draft ships
+SAMPLE = Path(__file__).parent / "samples" / "jfk.flac"
+
+
+def _temperatures(start: float, fallback: bool) -> tuple[float, ...]:
+    if not fallback:
+        return (start,)
+    steps = [round(start + 0.2 * i, 2) for i in range(6)]
+    return tuple(t for t in steps if t <= 1.0 + 1e-9) or (start,)
+
+
+def _writable_dir(path: Path) -> str | None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"cannot create output directory {path}: {e.strerror}"
+    if not path.is_dir():
+        return f"output path {path} is not a directory"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"output directory {path} is not writable"
+    return None
+
+
+def cmd_transcribe(args: argparse.Namespace) -> int:
+    import soundfile as sf
+    import torch
+    from tqdm import tqdm
+
+    from .audio import AudioError, load_audio
+    from .models.loader import ModelError, load_draft, load_target
+    from .transcribe import TranscribeOptions, Transcriber
+    from .writers import FORMATS, write_outputs
+
+    files = [Path(f) for f in args.files] + ([SAMPLE] if args.sample else [])
+    if not files:
+        print("asr_spec transcribe: give audio files (or --sample)", file=sys.stderr)
+        return 2
+    formats = list(FORMATS) if args.format == "all" else [args.format] if args.format else []
+    out_dir = Path(args.output_dir) if args.output_dir else (Path.cwd() if formats else None)
+    formats = formats or (["txt"] if out_dir else [])
+    if out_dir is not None and (problem := _writable_dir(out_dir)):
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    t0 = time.perf_counter()
+    try:
+        target = load_target(args.model, device=args.device)
+        draft = None if args.no_draft else load_draft(args.draft, target)
+    except ModelError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"loaded {target.name}" + (f" + draft {draft.name}" if draft else " (no draft)")
+          + f" in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    options = TranscribeOptions(language=args.language, task=args.task, timestamps=not args.no_timestamps,
+                                k=args.k, temperatures=_temperatures(args.temperature, not args.no_fallback),
+                                seed=args.seed)
+    transcriber = Transcriber(target, draft)
+
+    def seconds(f: Path) -> float:
+        try:
+            return sf.info(str(f)).duration
+        except Exception:  # noqa: BLE001 - reported properly when the file is loaded
+            return 0.0
+
+    failures = 0
+    bar = tqdm(total=round(sum(seconds(f) for f in files), 1), unit="s", unit_scale=True, file=sys.stderr,
+               disable=args.quiet or None, bar_format="{desc} {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s audio [{elapsed}<{remaining}]")
+    try:
+        for i, f in enumerate(files, 1):
+            bar.set_description(f"[{i}/{len(files)}] {f.name}")
+            done = bar.n
+            try:
+                audio = load_audio(f)
+                start = time.perf_counter()
+                result = transcriber.transcribe(audio, options, progress=lambda s: bar.update(done + s - bar.n))
+                wall = time.perf_counter() - start
+            except AudioError as e:
+                failures += 1
+                bar.write(f"error: {e}", file=sys.stderr)
+                bar.update(done + seconds(f) - bar.n)
+                continue
+            st = result.stats.as_dict()
+            bar.write(f"{f}: {st['audio_seconds']:.1f} s audio in {wall:.2f} s (RTF {wall / st['audio_seconds']:.3f}; "
+                      f"encoder {st['encoder_seconds']:.2f} s, decode {st['decode_seconds']:.2f} s), "
+                      f"{st['tokens']} tokens, {st['target_passes']} target passes"
+                      + (f", acceptance {st['acceptance']:.0%}, {st['tokens_per_pass']:.2f} tokens/pass" if draft else ""),
+                      file=sys.stderr)
+            print(result.text if len(files) == 1 else f"{f}: {result.text}", flush=True)
+            if out_dir is not None:
+                extra = {"file": str(f), "model": target.name, "draft": draft.name if draft else None}
+                stem = f.stem if f != SAMPLE else "sample"
+                try:
+                    write_outputs(result, stem, out_dir, formats, extra)
+                except OSError as e:
+                    failures += 1
+                    bar.write(f"error: {f}: cannot write output: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        bar.close()
+        print("interrupted: no partial output files were left", file=sys.stderr)
+        return 130
+    bar.close()
+    if failures:
+        print(f"{failures} of {len(files)} file(s) failed", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="asr_spec", description="Exact speculative Whisper transcription.")
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("transcribe", help="transcribe audio files")
+    t.add_argument("files", nargs="*", help="audio files (wav, flac, ogg, mp3; any rate and channel count)")
+    t.add_argument("--sample", action="store_true", help="also transcribe the bundled sample clip")
+    t.add_argument("--output-dir", help="write transcripts here (default: print only)")
+    t.add_argument("--format", choices=["txt", "srt", "vtt", "json", "all"], help="output format (default txt)")
+    t.add_argument("--model", default="whisper-base", help="target: whisper-base (embedded), a local directory or a Hugging Face id")
+    t.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: a directory or id (decoder-only or full Whisper) or layers:I,J")
+    t.add_argument("--no-draft", action="store_true", help="target-only decoding (the baseline)")
+    t.add_argument("--k", type=int, default=4, help="drafted tokens per target pass")
+    t.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples (exact speculative sampling)")
+    t.add_argument("--no-fallback", action="store_true", help="no temperature fallback on failed windows")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--language", help="language code (default: detect)")
+    t.add_argument("--task", choices=["transcribe", "translate"], default="transcribe")
+    t.add_argument("--no-timestamps", action="store_true", help="decode without timestamps (one segment per window)")
+    t.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...)")
+    t.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.set_defaults(func=cmd_transcribe)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

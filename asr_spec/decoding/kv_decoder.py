@@ -1,0 +1,112 @@
+"""A Whisper decoder with static KV caches, per-row positions and ragged batches.
+
+Each row of a batch writes its new tokens at its own positions; a query at position p attends to the
+cached keys at positions <= p. Entries beyond a row's current length are stale and invisible, so
+rolling a row back is just feeding from an earlier position next time (gpt-fast style).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class KVCache:
+    self_k: list[torch.Tensor]  # per layer [B, H, capacity, Dh]
+    self_v: list[torch.Tensor]
+    cross_k: list[torch.Tensor]  # per layer [B, H, S, Dh]
+    cross_v: list[torch.Tensor]
+
+    def select(self, rows: torch.Tensor) -> "KVCache":
+        """Keep only ``rows`` (batch compaction when rows finish)."""
+        pick = lambda ts: [t.index_select(0, rows) for t in ts]  # noqa: E731
+        return KVCache(pick(self.self_k), pick(self.self_v), pick(self.cross_k), pick(self.cross_v))
+
+    @property
+    def capacity(self) -> int:
+        return self.self_k[0].shape[2]
+
+
+class _Layer:
+    """Weights of one decoder layer, with the self-attention q, k, v projections fused."""
+
+    def __init__(self, layer: nn.Module):
+        sa, ca = layer.self_attn, layer.encoder_attn
+        self.heads = sa.num_heads
+        self.scaling = sa.scaling
+        zero = torch.zeros_like(sa.q_proj.bias)
+        self.qkv_w = torch.cat([sa.q_proj.weight, sa.k_proj.weight, sa.v_proj.weight]).detach()
+        self.qkv_b = torch.cat([sa.q_proj.bias, zero, sa.v_proj.bias]).detach()
+        self.sa, self.ca = sa, ca
+        self.ln1, self.ln2, self.ln3 = layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm
+        self.fc1, self.fc2 = layer.fc1, layer.fc2
+
+
+class StaticDecoder:
+    """Runs a transformers ``WhisperDecoder`` (+ output projection) over a :class:`KVCache`.
+
+    ``head_ids`` restricts the output layer to a token shortlist (a reduced-vocabulary draft head);
+    logits of tokens outside it are ``-inf``.
+    """
+
+    def __init__(self, decoder: nn.Module, proj_out: nn.Linear, head_ids: torch.Tensor | None = None):
+        self.decoder = decoder
+        self.layers = [_Layer(layer) for layer in decoder.layers]
+        self.vocab_size = proj_out.weight.shape[0]
+        self.head_ids = head_ids
+        self.head_w = proj_out.weight.detach() if head_ids is None else proj_out.weight.detach()[head_ids]
+        self.max_positions = decoder.embed_positions.weight.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.head_w.device
+
+    @torch.inference_mode()
+    def new_cache(self, encoder_out: torch.Tensor, capacity: int) -> KVCache:
+        b = encoder_out.shape[0]
+        cross_k, cross_v, self_k, self_v = [], [], [], []
+        for layer in self.layers:
+            h, dh = layer.heads, layer.qkv_w.shape[1] // layer.heads
+            split = lambda t: t.view(b, -1, h, dh).transpose(1, 2).contiguous()  # noqa: E731
+            cross_k.append(split(layer.ca.k_proj(encoder_out)))
+            cross_v.append(split(layer.ca.v_proj(encoder_out)))
+            empty = encoder_out.new_zeros(b, h, capacity, dh)
+            self_k.append(empty)
+            self_v.append(empty.clone())
+        return KVCache(self_k, self_v, cross_k, cross_v)
+
+    @torch.inference_mode()
+    def __call__(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
+                 logits_at: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed ``tokens`` [B, T] at ``positions`` [B, T]; return logits [B, T', V] at the time
+        indices ``logits_at`` [B, T'] (all T when None)."""
+        b, t = tokens.shape
+        dec = self.decoder
+        pos = positions.clamp(max=self.max_positions - 1)
+        x = dec.embed_tokens(tokens) + dec.embed_positions.weight[pos]
+        keys = int(positions.max()) + 1
+        mask = torch.arange(keys, device=tokens.device)[None, None, None, :] <= positions[:, None, :, None]
+        rows = torch.arange(b, device=tokens.device)[:, None]
+        for i, layer in enumerate(self.layers):
+            h = layer.heads
+            y = F.linear(layer.ln1(x), layer.qkv_w, layer.qkv_b).view(b, t, 3, h, -1)
+            q = (y[:, :, 0] * layer.scaling).transpose(1, 2)
+            cache.self_k[i][rows, :, positions] = y[:, :, 1]
+            cache.self_v[i][rows, :, positions] = y[:, :, 2]
+            a = F.scaled_dot_product_attention(q, cache.self_k[i][:, :, :keys], cache.self_v[i][:, :, :keys],
+                                               attn_mask=mask, scale=1.0)
+            x = x + layer.sa.out_proj(a.transpose(1, 2).reshape(b, t, -1))
+            q = (layer.ca.q_proj(layer.ln2(x)) * layer.scaling).view(b, t, h, -1).transpose(1, 2)
+            a = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], scale=1.0)
+            x = x + layer.ca.out_proj(a.transpose(1, 2).reshape(b, t, -1))
+            x = x + layer.fc2(F.gelu(layer.fc1(layer.ln3(x))))
+        if logits_at is not None:
+            x = x.gather(1, logits_at[:, :, None].expand(-1, -1, x.shape[-1]))
+        logits = F.linear(dec.layer_norm(x), self.head_w)
+        if self.head_ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.head_ids, logits)

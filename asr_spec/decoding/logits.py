@@ -1,0 +1,96 @@
+"""Whisper's logit rules as small composable filters (after openai/whisper ``decoding.py``).
+
+Each rule edits logits in place for N rows; ``sampled[i]`` is the list of tokens sampled so far for
+row i (everything after the prompt). The same rules run for the draft and for every verified position
+of the target, so both see exactly the distribution Whisper would.
+"""
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import torch
+
+from ..models.vocab import WhisperVocab
+
+NEG_INF = float("-inf")
+
+
+class LogitRule(Protocol):
+    def apply(self, logits: torch.Tensor, sampled: Sequence[Sequence[int]]) -> None: ...
+
+
+class SuppressTokens:
+    def __init__(self, ids: Sequence[int]):
+        self.ids = list(ids)
+
+    def apply(self, logits: torch.Tensor, sampled: Sequence[Sequence[int]]) -> None:
+        if self.ids:
+            logits[:, self.ids] = NEG_INF
+
+
+class SuppressAtBegin:
+    """Blank and end-of-text are not allowed as the first sampled token."""
+
+    def __init__(self, ids: Sequence[int]):
+        self.ids = list(ids)
+
+    def apply(self, logits: torch.Tensor, sampled: Sequence[Sequence[int]]) -> None:
+        rows = [i for i, s in enumerate(sampled) if len(s) == 0]
+        if rows and self.ids:
+            logits[torch.tensor(rows)[:, None], torch.tensor(self.ids)[None, :]] = NEG_INF
+
+
+class TimestampRules:
+    """Timestamps come in pairs, never decrease, start the text, and win when their total
+    probability beats any single text token."""
+
+    def __init__(self, vocab: WhisperVocab):
+        self.eot = vocab.eot
+        self.no_timestamps = vocab.no_timestamps
+        self.begin = vocab.timestamp_begin
+        self.max_initial = vocab.max_initial_timestamp_index
+
+    def apply(self, logits: torch.Tensor, sampled: Sequence[Sequence[int]]) -> None:
+        tb = self.begin
+        logits[:, self.no_timestamps] = NEG_INF
+        for i, seq in enumerate(sampled):
+            last_ts = len(seq) >= 1 and seq[-1] >= tb
+            penultimate_ts = len(seq) < 2 or seq[-2] >= tb
+            if last_ts:
+                if penultimate_ts:
+                    logits[i, tb:] = NEG_INF  # a pair just closed: text (or eot) must follow
+                else:
+                    logits[i, : self.eot] = NEG_INF  # an open timestamp: no text next
+            stamps = [t for t in seq if t >= tb]
+            if stamps:
+                last = stamps[-1] if (last_ts and not penultimate_ts) else stamps[-1] + 1
+                logits[i, tb:last] = NEG_INF
+            if len(seq) == 0:
+                logits[i, :tb] = NEG_INF
+                if self.max_initial is not None:
+                    logits[i, tb + self.max_initial + 1:] = NEG_INF
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        ts_mass = logprobs[:, tb:].logsumexp(dim=-1)
+        text_best = logprobs[:, :tb].max(dim=-1).values
+        logits[ts_mass > text_best, :tb] = NEG_INF
+
+
+class LogitRules:
+    """The full rule set of one decode (one place for Whisper's logit processing)."""
+
+    def __init__(self, rules: Sequence[LogitRule]):
+        self.rules = list(rules)
+
+    @classmethod
+    def whisper(cls, vocab: WhisperVocab, timestamps: bool) -> "LogitRules":
+        begin = vocab.suppress_begin or (vocab.eot,)
+        rules: list[LogitRule] = [SuppressAtBegin(begin), SuppressTokens(vocab.suppress)]
+        if timestamps:
+            rules.append(TimestampRules(vocab))
+        return cls(rules)
+
+    def __call__(self, logits: torch.Tensor, sampled: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Apply every rule to ``logits`` [N, V] (float32, edited in place) and return it."""
+        for rule in self.rules:
+            rule.apply(logits, sampled)
+        return logits

@@ -1,0 +1,181 @@
+"""The draft/verify loop: speculative decoding of a batch of Whisper prompts.
+
+Per pass, each row: the draft proposes K tokens, the target scores all K+1 positions in one forward
+pass, ``sampler.verify`` accepts a prefix (exactly: greedy argmax match, or rejection sampling), and the
+row advances by accepted + 1 tokens. Rows advance by different amounts (ragged) and leave the batch
+when they finish. Without a draft (or K = 0) the same loop is plain target decoding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .kv_decoder import KVCache, StaticDecoder
+from .logits import LogitRules
+from .sampling import Greedy, Rejection
+
+
+@dataclass
+class RowStats:
+    target_passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    tokens: int = 0
+    accepted_at: list[int] = field(default_factory=list)  # accepted drafts per pass
+
+    def add(self, other: "RowStats") -> None:
+        for name in ("target_passes", "drafted", "accepted", "rejected", "tokens"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.accepted_at.extend(other.accepted_at)
+
+    @property
+    def alpha(self) -> float:
+        judged = self.accepted + self.rejected
+        return self.accepted / judged if judged else 0.0
+
+
+@dataclass
+class RowResult:
+    tokens: list[int]  # sampled tokens, without the final end-of-text
+    sum_logprob: float  # target log-probabilities of every sampled token (end-of-text included)
+    no_speech_prob: float
+    stats: RowStats
+
+    @property
+    def avg_logprob(self) -> float:
+        return self.sum_logprob / (len(self.tokens) + 1)
+
+
+@dataclass
+class Decoders:
+    target: StaticDecoder
+    draft: StaticDecoder | None = None
+
+
+def _gather(seq: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return seq.gather(1, index)
+
+
+@torch.inference_mode()
+def speculative_decode(
+    decoders: Decoders,
+    target_memory: torch.Tensor,
+    draft_memory: torch.Tensor | None,
+    prompts: list[list[int]],
+    sot_index: list[int],
+    rules: LogitRules,
+    sampler: Greedy | Rejection,
+    k: int,
+    eot: int,
+    no_speech: int,
+    sample_len: int = 224,
+    generator: torch.Generator | None = None,
+) -> list[RowResult]:
+    """Decode one continuation per prompt. ``*_memory`` are the encoder outputs [B, S, D] the target
+    and the draft cross-attend to; ``sot_index[b]`` is where <|startoftranscript|> sits in prompt b."""
+    target, draft = decoders.target, decoders.draft if k > 0 else None
+    dev = target.device
+    b = len(prompts)
+    k = k if draft is not None else 0
+    max_pos = target.max_positions
+    capacity = max_pos + k + 2
+    t_cache = target.new_cache(target_memory, capacity)
+    d_cache = draft.new_cache(draft_memory, capacity) if draft is not None else None
+
+    seq = torch.full((b, capacity), eot, dtype=torch.long, device=dev)
+    for i, p in enumerate(prompts):
+        seq[i, : len(p)] = torch.tensor(p)
+    n = torch.tensor([len(p) for p in prompts], device=dev)
+    begin = n.clone()
+    sampled: list[list[int]] = [[] for _ in range(b)]
+    sum_logprob = [0.0] * b
+    stats = [RowStats() for _ in range(b)]
+    results: list[RowResult | None] = [None] * b
+
+    # Prefill everything but each prompt's last token (that one is fed with the first drafts).
+    # The no-speech probability is read at <|startoftranscript|>: here, or in the first pass when
+    # the prompt ends with it.
+    no_speech_prob = [0.0] * b
+    width = int((n - 1).max())
+    if width:
+        pos = torch.arange(width, device=dev).expand(b, width)
+        at = torch.tensor(sot_index, device=dev).clamp(max=width - 1)[:, None]
+        first = target(t_cache, seq[:, :width], pos, at)
+        no_speech_prob = torch.softmax(first[:, 0].float(), dim=-1)[:, no_speech].tolist()
+        if d_cache is not None:
+            draft(d_cache, seq[:, :width], pos, pos.new_zeros(b, 0))
+    sot_last = [i for i in range(b) if sot_index[i] == len(prompts[i]) - 1]
+
+    live = torch.arange(b, device=dev)  # original row ids of the rows still decoding
+    while live.numel():
+        rows = live.tolist()
+        m = len(rows)
+        drafts = torch.empty(m, 0, dtype=torch.long, device=dev)
+        q = None
+        if d_cache is not None:
+            fpos = torch.stack([(n - 2).clamp(min=0), n - 1], dim=1)
+            feed = _gather(seq, fpos)
+            proposals, dists = [], []
+            for j in range(k):
+                logits = draft(d_cache, feed, fpos, fpos.new_full((m, 1), feed.shape[1] - 1))[:, 0]
+                ctx = [sampled[r] + x for r, x in zip(rows, torch.stack(proposals, 1).tolist())] if j else [sampled[r] for r in rows]
+                x, dist = sampler.propose(rules(logits.float(), ctx), generator)
+                proposals.append(x)
+                dists.append(dist)
+                feed, fpos = x[:, None], (n + j)[:, None]
+            drafts = torch.stack(proposals, dim=1)
+            q = torch.stack(dists, dim=1) if dists[0] is not None else None
+
+        vfeed = torch.cat([_gather(seq, (n - 1)[:, None]), drafts], dim=1)
+        vpos = (n - 1)[:, None] + torch.arange(k + 1, device=dev)
+        logits = target(t_cache, vfeed, vpos).float()
+        if sot_last:  # first pass only: live == all rows here
+            probs = torch.softmax(logits[sot_last, 0], dim=-1)[:, no_speech].tolist()
+            for r, prob in zip(sot_last, probs):
+                no_speech_prob[r] = prob
+            sot_last = []
+        dlist = drafts.tolist()
+        ctx = [sampled[r] + dlist[i][:j] for i, r in enumerate(rows) for j in range(k + 1)]
+        logits = rules(logits.view(m * (k + 1), -1), ctx).view(m, k + 1, -1)
+        accepted, nxt = sampler.verify(logits, drafts, q, generator)
+        logprobs = torch.log_softmax(logits, dim=-1)
+
+        emitted_all = torch.cat([drafts, drafts.new_zeros(m, 1)], dim=1)
+        emitted_all[torch.arange(m, device=dev), accepted] = nxt
+        token_lp = logprobs.gather(2, emitted_all[:, :, None])[:, :, 0].tolist()
+        acc_list, em_list = accepted.tolist(), emitted_all.tolist()
+        keep = []
+        for i, r in enumerate(rows):
+            a = acc_list[i]
+            room = min(sample_len - len(sampled[r]), max_pos + 1 - int(n[i]))
+            new = em_list[i][: min(a + 1, room)]
+            ended = eot in new
+            if ended:
+                new = new[: new.index(eot) + 1]
+            st = stats[r]
+            st.target_passes += 1
+            st.drafted += k
+            judged_accepts = min(a, len(new))
+            st.accepted += judged_accepts
+            st.accepted_at.append(judged_accepts)
+            if a < k and len(new) == a + 1:
+                st.rejected += 1
+            sum_logprob[r] += sum(token_lp[i][: len(new)])
+            seq[i, int(n[i]): int(n[i]) + len(new)] = torch.tensor(new, device=dev)
+            n[i] += len(new)
+            sampled[r].extend(new)
+            if ended or len(new) == room:
+                toks = sampled[r][:-1] if ended else sampled[r]
+                st.tokens = len(toks)
+                results[r] = RowResult(toks, sum_logprob[r], no_speech_prob[r], st)
+            else:
+                keep.append(i)
+        if len(keep) < m:
+            idx = torch.tensor(keep, dtype=torch.long, device=dev)
+            live, seq, n = live[idx], seq[idx], n[idx]
+            t_cache = t_cache.select(idx)
+            if d_cache is not None:
+                d_cache = d_cache.select(idx)
+    return [r for r in results if r is not None]

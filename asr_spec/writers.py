@@ -1,0 +1,71 @@
+"""Transcript files: txt, srt, vtt, json, each written atomically (temp file + rename)."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from .transcribe import Transcript
+
+FORMATS = ("txt", "srt", "vtt", "json")
+
+
+def _clock(seconds: float, sep: str) -> str:
+    ms = int(round(seconds * 1000))
+    h, ms = divmod(ms, 3_600_000)
+    m, ms = divmod(ms, 60_000)
+    s, ms = divmod(ms, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
+
+
+def to_txt(t: Transcript) -> str:
+    return t.text + "\n"
+
+
+def to_srt(t: Transcript) -> str:
+    blocks = [f"{i}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{s.text.strip()}\n"
+              for i, s in enumerate(t.segments, 1)]
+    return "\n".join(blocks)
+
+
+def to_vtt(t: Transcript) -> str:
+    blocks = [f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n{s.text.strip()}\n" for s in t.segments]
+    return "WEBVTT\n\n" + "\n".join(blocks)
+
+
+def to_json(t: Transcript, extra: dict | None = None) -> str:
+    doc = {
+        "text": t.text,
+        "language": t.language,
+        "segments": [{"start": s.start, "end": s.end, "text": s.text.strip(), "avg_logprob": round(s.avg_logprob, 4),
+                      "no_speech_prob": round(s.no_speech_prob, 4), "temperature": s.temperature} for s in t.segments],
+        "statistics": t.stats.as_dict(),
+        **(extra or {}),
+    }
+    return json.dumps(doc, ensure_ascii=False, indent=2) + "\n"
+
+
+def render(t: Transcript, fmt: str, extra: dict | None = None) -> str:
+    return to_json(t, extra) if fmt == "json" else {"txt": to_txt, "srt": to_srt, "vtt": to_vtt}[fmt](t)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_outputs(t: Transcript, stem: str, out_dir: Path, formats: list[str], extra: dict | None = None) -> list[Path]:
+    paths = []
+    for fmt in formats:
+        path = out_dir / f"{stem}.{fmt}"
+        write_atomic(path, render(t, fmt, extra))
+        paths.append(path)
+    return paths
