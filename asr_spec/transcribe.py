@@ -170,7 +170,7 @@ class Transcriber:
             if no_speech:
                 seek += size
             else:
-                new, advance = self._segments(result, offset, size, temperature)
+                new, advance = self._segments(result, offset, size, temperature, stats.audio_seconds)
                 segments.extend(new)
                 all_tokens.extend(result.tokens)
                 seek += max(advance, 1)
@@ -181,7 +181,8 @@ class Transcriber:
         text = "".join(s.text for s in segments).strip()
         return Transcript(text, segments, language, stats)
 
-    def _segments(self, r: RowResult, offset: float, size: int, temperature: float) -> tuple[list[Segment], int]:
+    def _segments(self, r: RowResult, offset: float, size: int, temperature: float,
+                  duration_limit: float) -> tuple[list[Segment], int]:
         """Split a window's tokens at consecutive timestamp pairs; return segments and how far to seek."""
         tb = self.vocab.timestamp_begin
         toks = r.tokens
@@ -190,7 +191,8 @@ class Transcriber:
 
         def seg(start: float, end: float, part: list[int]) -> Segment:
             text = decode(part)
-            return Segment(round(offset + start, 3), round(offset + end, 3), text, part, temperature,
+            start, end = (min(round(offset + t, 3), round(duration_limit, 3)) for t in (start, end))
+            return Segment(start, end, text, part, temperature,
                            r.avg_logprob, compression_ratio(text), r.no_speech_prob)
 
         single_ending = is_ts[-2:] == [False, True]
