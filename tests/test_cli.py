@@ -1,0 +1,123 @@
+"""The ``asr_spec transcribe`` command as a user runs it: good files in several formats, each kind of bad
+input, an unwritable output directory, and Ctrl-C."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from asr_spec.writers import write_atomic
+
+from conftest import DEV
+
+pytestmark = pytest.mark.slow
+DRAFT = ["--draft", "layers:0,1,2,3,5"]
+
+
+def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "asr_spec", "transcribe", "--quiet", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_bundled_sample_prints_its_text():
+    r = run("--sample", *DRAFT)
+    assert r.returncode == 0, r.stderr
+    assert "ask not what your country can do for you" in r.stdout.lower()
+    assert "acceptance" in r.stderr and "RTF" in r.stderr
+
+
+def test_formats_rates_and_channels(tmp_path):
+    speech, rate = sf.read(DEV / "LJ001-0002.wav", dtype="float32")  # "in being comparatively modern."
+    import soxr
+    stereo44 = np.stack([soxr.resample(speech, rate, 44100)] * 2, axis=1)
+    sf.write(tmp_path / "stereo44.ogg", stereo44, 44100, format="OGG", subtype="VORBIS")
+    sf.write(tmp_path / "mono22.mp3", soxr.resample(speech, rate, 22050), 22050, format="MP3")
+    sf.write(tmp_path / "mono8.flac", soxr.resample(speech, rate, 8000), 8000)
+    files = [str(tmp_path / n) for n in ("stereo44.ogg", "mono22.mp3", "mono8.flac")]
+    out = tmp_path / "out"
+    r = run(*files, "--output-dir", str(out), "--format", "all", "--language", "en", *DRAFT)
+    assert r.returncode == 0, r.stderr
+    for stem in ("stereo44", "mono22", "mono8"):
+        doc = json.loads((out / f"{stem}.json").read_text())
+        assert "comparatively modern" in doc["text"].lower()
+        assert doc["language"] == "en" and doc["segments"]
+        seg = doc["segments"][0]
+        assert isinstance(seg["start"], float) and isinstance(seg["end"], float) and seg["end"] > seg["start"]
+        stats = doc["statistics"]
+        for key in ("audio_seconds", "encoder_seconds", "decode_seconds", "tokens", "target_passes", "drafted",
+                    "accepted", "acceptance"):
+            assert key in stats
+        assert stats["drafted"] > 0 and stats["target_passes"] < stats["tokens"] + 1
+        srt = (out / f"{stem}.srt").read_text()
+        assert srt.startswith("1\n00:00:00,000 --> 00:00:0")
+        assert (out / f"{stem}.vtt").read_text().startswith("WEBVTT\n\n00:00:00.000 --> ")
+        assert (out / f"{stem}.txt").read_text().strip() == doc["text"]
+    assert not list(out.glob(".*.part"))
+
+
+def test_bad_inputs_are_reported_and_the_rest_is_transcribed(tmp_path):
+    (tmp_path / "empty.wav").write_bytes(b"")
+    (tmp_path / "corrupt.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEfmt garbage" + os.urandom(2000))
+    sf.write(tmp_path / "zero.wav", np.zeros(0, dtype=np.float32), 16000)
+    sf.write(tmp_path / "silent.wav", np.zeros(16000 * 2, dtype=np.float32), 16000)
+    good = DEV / "LJ001-0002.wav"
+    out = tmp_path / "out"
+    names = ["missing.wav", "empty.wav", "corrupt.wav", "zero.wav", "silent.wav"]
+    r = run(*[str(tmp_path / n) for n in names[:2]], str(good), *[str(tmp_path / n) for n in names[2:]],
+            "--output-dir", str(out), "--format", "json", "--no-draft", "--language", "en")
+    assert r.returncode == 1
+    reasons = {"missing.wav": "no such file", "empty.wav": "empty file", "corrupt.wav": "cannot decode",
+               "zero.wav": "zero length", "silent.wav": "silent"}
+    for name, reason in reasons.items():
+        line = next((ln for ln in r.stderr.splitlines() if name in ln and ln.startswith("error")), "")
+        assert reason in line, (name, r.stderr)
+    assert "5 of 6 file(s) failed" in r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["LJ001-0002.json"]
+    assert "comparatively modern" in r.stdout.lower()
+
+
+def test_unwritable_output_directory_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    r = run(str(DEV / "LJ001-0002.wav"), "--output-dir", str(blocker / "sub"), "--no-draft")
+    assert r.returncode == 1
+    assert "cannot create output directory" in r.stderr and str(blocker / "sub") in r.stderr
+
+
+def test_ctrl_c_leaves_no_partial_files(tmp_path):
+    out = tmp_path / "out"
+    long = DEV / "longform" / "ljspeech-LJ001-0001_to_LJ001-0032.wav"
+    p = subprocess.Popen([sys.executable, "-m", "asr_spec", "transcribe", str(long), "--output-dir", str(out),
+                          "--format", "all", "--no-draft", "--language", "en"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and "loaded" not in (p.stderr.readline() or ""):
+        pass
+    time.sleep(3)  # inside the first windows
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert "interrupted" in err
+    assert list(out.iterdir()) == []
+
+
+def test_atomic_write_keeps_the_old_file_when_interrupted(tmp_path, monkeypatch):
+    target = tmp_path / "t.txt"
+    target.write_text("old")
+
+    def interrupted(*a):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(target, "new text")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["t.txt"]
