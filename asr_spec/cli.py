@@ -115,6 +115,28 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .evaluation.run import EvalOptions, evaluate
+    from .evaluation.report import table
+
+    if not Path(args.manifest).is_file():
+        print(f"error: no manifest at {args.manifest}", file=sys.stderr)
+        return 1
+    opts = EvalOptions(manifest=Path(args.manifest), out=Path(args.out),
+                       systems=tuple(s.strip() for s in args.systems.split(",") if s.strip()),
+                       ks=tuple(int(k) for k in args.k.split(",")), limit=args.limit, repeat=args.repeat,
+                       temperature=args.temperature, seeds=args.seeds, model=args.model, draft=args.draft,
+                       language=args.language or None, threads=args.threads)
+    try:
+        results = evaluate(opts)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(table(results))
+    print(f"\nreport: {Path(args.out) / 'report.md'}  results: {Path(args.out) / 'results.json'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="asr_spec", description="Exact speculative Whisper transcription.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -137,6 +159,22 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_transcribe)
+
+    e = sub.add_parser("eval", help="WER parity, speed-up and memory against target-only and peer systems")
+    e.add_argument("--manifest", required=True, help='JSON lines of {"id", "audio", "text"} (audio relative to the file)')
+    e.add_argument("--limit", type=int, default=0, help="first N utterances only")
+    e.add_argument("--systems", default="target,spec,draft,hf,hf-assisted,faster-whisper",
+                   help="comma list of target, spec, spec-sample, draft, hf, hf-assisted, faster-whisper")
+    e.add_argument("--k", default="4", help="comma list of K for spec (one run each)")
+    e.add_argument("--temperature", type=float, default=0.5, help="temperature of spec-sample")
+    e.add_argument("--seeds", type=int, default=1, help="spec-sample runs (seeds 0..N-1)")
+    e.add_argument("--repeat", type=int, default=1, help="timing repeats per utterance (medians reported)")
+    e.add_argument("--out", default="eval/out", help="directory for results.json, report.md and plots")
+    e.add_argument("--model", default="whisper-base")
+    e.add_argument("--draft", default=DEFAULT_DRAFT)
+    e.add_argument("--language", default="en", help="language for every system ('' = detect)")
+    e.add_argument("--threads", type=int, default=0, help="threads for every system (default: torch's)")
+    e.set_defaults(func=cmd_eval)
     return p
 
 

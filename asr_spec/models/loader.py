@@ -6,7 +6,7 @@ import importlib.util
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -85,6 +85,23 @@ def embedded_dir() -> Path:
     return convert_ct2(parts, data[0], out)
 
 
+def embedded_ct2_dir() -> Path:
+    """The embedded model as a plain CTranslate2 directory (for peers such as faster-whisper)."""
+    out = cache_dir() / f"{EMBEDDED}-ct2"
+    if (out / "model.bin").exists():
+        return out
+    data = [_package_data(p) for p in EMBEDDED_PACKAGES]
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    with open(tmp / "model.bin", "wb") as f:
+        for part in (data[0] / "model.bin.part1", data[1] / "model.bin.part2"):
+            f.write(part.read_bytes())
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+        (tmp / name).write_bytes((data[0] / name).read_bytes())
+    os.replace(tmp, out)
+    return out
+
+
 def resolve(spec: str) -> Path:
     """A local directory, the embedded default, or a Hugging Face id (downloaded when online)."""
     if spec in (EMBEDDED, "embedded", "base"):
@@ -115,6 +132,7 @@ class Whisper:
     hf: WhisperForConditionalGeneration
     tokenizer: WhisperTokenizer
     decoder: StaticDecoder
+    encoder: nn.Module
     name: str
 
     @property
@@ -127,7 +145,7 @@ class Whisper:
 
     @torch.inference_mode()
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
-        return self.hf.model.encoder(mel.to(self.decoder.device)).last_hidden_state
+        return self.encoder(mel.to(self.decoder.device)).last_hidden_state
 
 
 @dataclass
@@ -137,10 +155,22 @@ class Draft:
     decoder: StaticDecoder
     encoder: nn.Module | None
     name: str
+    hf: nn.Module  # the transformers model (WhisperForCausalLM or a full Whisper), for peers such as HF assisted generation
 
     @torch.inference_mode()
     def encoder_out(self, mel: torch.Tensor, target_out: torch.Tensor) -> torch.Tensor:
         return target_out if self.encoder is None else self.encoder(mel.to(self.decoder.device)).last_hidden_state
+
+    def alone(self, target: Whisper) -> Whisper:
+        """The draft decoding by itself (with the target's tokenizer and, if it has none, encoder)."""
+        return replace(target, decoder=self.decoder, encoder=self.encoder or target.encoder, name=f"draft {self.name}")
+
+
+def load_tokenizer(spec: str = EMBEDDED) -> WhisperTokenizer:
+    """The tokenizer of a model, without loading its weights."""
+    path = resolve(spec)
+    vocab_size = json.loads((path / "config.json").read_text())["vocab_size"]
+    return WhisperTokenizer.from_dir(path, _generation_config(path), vocab_size)
 
 
 def load_target(spec: str = EMBEDDED, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Whisper:
@@ -152,7 +182,7 @@ def load_target(spec: str = EMBEDDED, device: str = "cpu", dtype: torch.dtype = 
     if not (path / "tokenizer.json").exists():
         raise ModelError(f"{spec}: no tokenizer.json beside the model")
     tokenizer = WhisperTokenizer.from_dir(path, _generation_config(path), hf.config.vocab_size)
-    return Whisper(hf, tokenizer, StaticDecoder(hf.model.decoder, hf.proj_out), str(spec))
+    return Whisper(hf, tokenizer, StaticDecoder(hf.model.decoder, hf.proj_out), hf.model.encoder, str(spec))
 
 
 def truncated_draft(target: Whisper, layers: list[int]) -> WhisperForCausalLM:
@@ -196,7 +226,7 @@ def load_draft(spec: str, target: Whisper) -> Draft:
     if spec.startswith("layers:"):
         layers = [int(i) for i in spec.split(":", 1)[1].split(",") if i.strip()]
         hf = truncated_draft(target, layers)
-        return Draft(StaticDecoder(hf.model.decoder, hf.proj_out), None, spec)
+        return Draft(StaticDecoder(hf.model.decoder, hf.proj_out), None, spec, hf)
     path = resolve(spec)
     config = WhisperConfig.from_pretrained(path)
     arch = (config.architectures or ["WhisperForConditionalGeneration"])[0]
@@ -207,10 +237,10 @@ def load_draft(spec: str, target: Whisper) -> Draft:
         _check(target, spec, config.vocab_size, path, width, None)
         head = meta.get("head_ids")
         head_ids = torch.tensor(head, device=device) if head else None
-        return Draft(StaticDecoder(hf.model.decoder, hf.proj_out, head_ids), None, spec)
+        return Draft(StaticDecoder(hf.model.decoder, hf.proj_out, head_ids), None, spec, hf)
     hf = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
     _check(target, spec, config.vocab_size, path, None, config.num_mel_bins)
-    return Draft(StaticDecoder(hf.model.decoder, hf.proj_out), hf.model.encoder, spec)
+    return Draft(StaticDecoder(hf.model.decoder, hf.proj_out), hf.model.encoder, spec, hf)
 
 
 def timed_load(target: str, draft: str | None) -> tuple[Whisper, Draft | None, float]:

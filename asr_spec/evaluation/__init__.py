@@ -1,0 +1,1 @@
+"""``asr_spec eval``: WER parity, speed-up and memory of our decoders and of peer systems, side by side."""

@@ -1,0 +1,124 @@
+"""Orchestrates one ``asr_spec eval`` run: every system on the same audio, one after another, each in its
+own process with the same thread count; then scores, report and plots."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .metrics import speedups, summarize
+from .report import write_report
+from .systems import Setup, SystemSpec, expand, missing
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    manifest: Path
+    out: Path
+    systems: tuple[str, ...] = ("target", "spec", "draft", "hf", "hf-assisted", "faster-whisper")
+    ks: tuple[int, ...] = (4,)
+    limit: int = 0
+    repeat: int = 1
+    temperature: float = 0.5
+    seeds: int = 1
+    model: str = "whisper-base"
+    draft: str = "layers:0,5"
+    language: str | None = "en"
+    threads: int = 0
+
+
+def read_manifest(path: Path, limit: int = 0) -> list[dict]:
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if not {"id", "audio", "text"} <= row.keys():
+            raise ValueError(f"{path}:{n}: each line needs id, audio and text")
+        rows.append({"id": row["id"], "path": str((path.parent / row["audio"]).resolve()), "text": row["text"]})
+    return rows[:limit] if limit else rows
+
+
+def environment(threads: int) -> dict:
+    import torch
+    import transformers
+
+    def version(pkg: str) -> str | None:
+        try:
+            from importlib.metadata import version as v
+
+            return v(pkg)
+        except Exception:  # noqa: BLE001
+            return None
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, check=True).stdout.strip()
+    except Exception:  # noqa: BLE001
+        commit = None
+    return {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu, "cores": os.cpu_count(), "threads": threads,
+            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "asr_spec": version("asr_spec"), "faster_whisper": version("faster-whisper"),
+            "ctranslate2": version("ctranslate2"), "git_commit": commit}
+
+
+def run_system(spec: SystemSpec, setup: Setup, items: list[dict], repeat: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        job.write_text(json.dumps({"system": asdict(spec), "setup": asdict(setup), "items": items, "repeat": repeat}))
+        proc = subprocess.run([sys.executable, "-m", "asr_spec.evaluation.worker", str(job), str(out)],
+                              stdout=subprocess.PIPE, text=True)
+        if proc.returncode != 0 or not out.exists():
+            return {"system": asdict(spec), "error": f"worker exited with status {proc.returncode}"}
+        return json.loads(out.read_text())
+
+
+def evaluate(o: EvalOptions) -> dict:
+    import torch
+
+    threads = o.threads or torch.get_num_threads()
+    items = read_manifest(o.manifest, o.limit)
+    setup = Setup(o.model, o.draft, o.language, threads)
+    specs = expand(list(o.systems), list(o.ks), o.temperature, o.seeds)
+    runs, skipped = {}, {}
+    for spec in specs:
+        if reason := missing(spec):
+            skipped[spec.name] = reason
+            print(f"skipping {spec.name}: {reason}", file=sys.stderr)
+            continue
+        run = run_system(spec, setup, items, o.repeat)
+        if "error" in run:
+            skipped[spec.name] = run["error"]
+            print(f"{spec.name} failed: {run['error']}", file=sys.stderr)
+            continue
+        runs[spec.name] = run
+    refs = {it["id"]: it["text"] for it in items}
+    target_texts = {i: r["text"] for i, r in runs["target"]["items"].items()} if "target" in runs else None
+    summaries = {name: summarize(run, refs, target_texts) for name, run in runs.items()}
+    for name, run in runs.items():
+        summaries[name]["load_s"] = run["load_s"]
+    peers = [n for n, r in runs.items() if r["system"]["kind"] not in ("target", "spec", "spec-sample", "draft")]
+    results = {
+        "environment": environment(threads),
+        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items()},
+        "manifest": str(o.manifest), "utterances": len(items), "audio_s": summaries and next(iter(summaries.values()))["audio_s"],
+        "systems": summaries,
+        "skipped": skipped,
+        "speedup_vs_target": {"wall": speedups(summaries, "target", "wall_s"),
+                              "decode": speedups(summaries, "target", "decode_s")},
+        "speedup_vs_peer": {p: speedups(summaries, p, "wall_s") for p in peers},
+        "per_utterance": {name: {i: {"text": r["text"], "wall_s": r["wall_s"]} for i, r in run["items"].items()}
+                          for name, run in runs.items()},
+    }
+    o.out.mkdir(parents=True, exist_ok=True)
+    (o.out / "results.json").write_text(json.dumps(results, indent=1))
+    write_report(results, o.out)
+    return results

@@ -1,0 +1,147 @@
+"""The systems ``asr_spec eval`` compares: ours (target-only, speculative greedy and sampling, the draft
+alone) and peers (transformers generate, transformers assisted generation, faster-whisper)."""
+from __future__ import annotations
+
+import importlib.util
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+OURS = ("target", "spec", "spec-sample", "draft")
+PEERS = ("hf", "hf-assisted", "faster-whisper")
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    name: str  # unique display name, e.g. spec-k4, faster-whisper-int8
+    kind: str  # one of OURS or PEERS
+    k: int = 0
+    temperature: float = 0.0
+    seed: int = 0
+    compute_type: str = ""
+
+
+@dataclass(frozen=True)
+class Setup:
+    model: str
+    draft: str
+    language: str | None
+    threads: int
+
+
+@dataclass
+class Output:
+    text: str
+    wall_s: float
+    encoder_s: float | None = None
+    decode_s: float | None = None
+    stats: dict | None = None
+
+
+def expand(systems: list[str], ks: list[int], temperature: float, seeds: int) -> list[SystemSpec]:
+    out: list[SystemSpec] = []
+    for s in systems:
+        if s == "spec":
+            out += [SystemSpec(f"spec-k{k}", "spec", k=k) for k in ks]
+        elif s == "spec-sample":
+            out += [SystemSpec(f"spec-sample-t{temperature}-s{i}", "spec-sample", k=ks[0], temperature=temperature,
+                               seed=i) for i in range(seeds)]
+        elif s == "faster-whisper":
+            out += [SystemSpec(f"faster-whisper-{ct}", s, compute_type=ct) for ct in ("int8", "float32")]
+        elif s in OURS + PEERS:
+            out.append(SystemSpec(s, s))
+        else:
+            raise ValueError(f"unknown system {s!r}; choose from {', '.join(OURS + PEERS)}")
+    return out
+
+
+def missing(spec: SystemSpec) -> str | None:
+    """Why a peer cannot run here (its optional package is absent), or None."""
+    need = {"faster-whisper": "faster_whisper"}.get(spec.kind)
+    if need and importlib.util.find_spec(need) is None:
+        return f"{need.replace('_', '-')} is not installed (pip install 'asr_spec[peers]')"
+    return None
+
+
+Transcribe = Callable[[np.ndarray], Output]
+
+
+def build(spec: SystemSpec, setup: Setup) -> Transcribe:
+    """Load the models of one system; return a function that transcribes one utterance."""
+    if spec.kind in OURS:
+        return _ours(spec, setup)
+    if spec.kind in ("hf", "hf-assisted"):
+        return _hf(spec, setup)
+    return _faster_whisper(spec, setup)
+
+
+def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
+    from ..models.loader import load_draft, load_target
+    from ..transcribe import TranscribeOptions, Transcriber
+
+    target = load_target(setup.model)
+    draft = load_draft(setup.draft, target) if spec.kind != "target" else None
+    tr = Transcriber(draft.alone(target)) if spec.kind == "draft" else Transcriber(target, draft)
+    start = spec.temperature
+    temps = tuple(t for t in (start + 0.2 * i for i in range(6)) if t <= 1.0 + 1e-9)
+    if spec.kind == "draft":  # one greedy attempt: a failing draft would otherwise retry at every temperature
+        temps = (0.0,)
+    opts = TranscribeOptions(language=setup.language, k=spec.k, temperatures=temps, seed=spec.seed)
+
+    def run(audio: np.ndarray) -> Output:
+        t0 = time.perf_counter()
+        t = tr.transcribe(audio, opts)
+        wall = time.perf_counter() - t0
+        st = t.stats
+        stats = {**st.as_dict(), "accepted_at": st.decode.accepted_at}
+        return Output(t.text, wall, st.encoder_seconds, st.decode_seconds, stats)
+
+    return run
+
+
+def _hf(spec: SystemSpec, setup: Setup) -> Transcribe:
+    import torch
+    from transformers import WhisperFeatureExtractor
+
+    from ..models.loader import load_draft, load_target, resolve
+
+    target = load_target(setup.model)
+    assistant = load_draft(setup.draft, target).hf if spec.kind == "hf-assisted" else None
+    fe = WhisperFeatureExtractor.from_pretrained(resolve(setup.model))
+
+    def run(audio: np.ndarray) -> Output:
+        t0 = time.perf_counter()
+        long = len(audio) > fe.n_samples
+        feats = fe(audio, sampling_rate=16000, return_tensors="pt", return_attention_mask=True,
+                   **({"truncation": False, "padding": "longest"} if long else {}))
+        kwargs = {"attention_mask": feats.attention_mask} if long else {}
+        if assistant is not None:
+            kwargs["assistant_model"] = assistant
+        with torch.inference_mode():
+            ids = target.hf.generate(feats.input_features, language=setup.language, task="transcribe",
+                                     return_timestamps=long, **kwargs)
+        text = target.tokenizer.decode(ids[0].tolist()).strip()
+        return Output(text, time.perf_counter() - t0)
+
+    return run
+
+
+def _faster_whisper(spec: SystemSpec, setup: Setup) -> Transcribe:
+    from faster_whisper import WhisperModel
+
+    from ..models.loader import EMBEDDED, embedded_ct2_dir
+
+    if setup.model not in (EMBEDDED, "embedded", "base"):
+        raise ValueError("faster-whisper runs only on the embedded model's CTranslate2 weights here")
+    model = WhisperModel(str(embedded_ct2_dir()), device="cpu", compute_type=spec.compute_type,
+                         cpu_threads=setup.threads)
+
+    def run(audio: np.ndarray) -> Output:
+        t0 = time.perf_counter()
+        segments, _ = model.transcribe(audio, beam_size=1, vad_filter=False, language=setup.language)
+        text = "".join(s.text for s in segments).strip()
+        return Output(text, time.perf_counter() - t0)
+
+    return run

@@ -1,0 +1,78 @@
+"""``asr_spec eval``: a real 3-clip smoke run, and the scoring checked against hand-computed values."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from asr_spec.evaluation.metrics import acceptance_by_position, speedups, summarize
+
+from conftest import DEV
+
+
+def _run(texts: dict[str, str], kind: str = "hf", walls: dict[str, list[float]] | None = None) -> dict:
+    items = {i: {"text": t, "audio_seconds": 10.0, "wall_s": (walls or {}).get(i, [1.0]), "encoder_s": [],
+                 "decode_s": [], "text_tokens": len(t.split())} for i, t in texts.items()}
+    return {"system": {"kind": kind, "k": 0}, "items": items, "peak_rss_mb": 100.0}
+
+
+def test_wer_and_identical_count_on_a_fake_system():
+    refs = {"a": "The cat sat on the mat.", "b": "Twenty five dogs", "c": "hello world"}
+    target = {"a": "the cat sat on the mat", "b": "twenty-five dogs", "c": "hello world"}
+    fake = {"a": "the cat sat on a mat", "b": "Twenty five dogs", "c": "hello word world"}
+    # normalised: a: 1 substitution of 6 words; b: "twenty five dogs" exact (normaliser joins numbers as 25
+    # on both sides); c: 1 insertion... hello word world vs hello world = 1 insertion over 2 words
+    s = summarize(_run(fake, walls={"a": [3.0, 1.0, 2.0]}), refs, target)
+    ref_words = 6 + len("25 dogs".split()) + 2
+    assert s["wer"] == pytest.approx(round(100 * 2 / ref_words, 2))
+    assert s["identical_to_target"] == 0  # no text is byte-identical to the target's
+    assert summarize(_run(target), refs, target)["identical_to_target"] == 3
+    assert s["wall_s"] == pytest.approx(2.0 + 1.0 + 1.0)  # median of the repeats, summed
+    assert s["rtf"] == pytest.approx(4.0 / 30.0, abs=1e-4)
+
+
+def test_acceptance_by_position_and_speedups():
+    # passes accepting 0, 2, 4, 4 drafts (K = 4): position 1 reached 4 times, accepted 3 times, ...
+    assert acceptance_by_position([0, 2, 4, 4], 4) == [3 / 4, 3 / 3, 2 / 3, 2 / 2]
+    sp = speedups({"target": {"wall_s": 10.0}, "x": {"wall_s": 4.0}, "y": {"wall_s": None}}, "target", "wall_s")
+    assert sp == {"target": 1.0, "x": 2.5, "y": None}
+
+
+@pytest.mark.slow
+def test_three_clip_smoke_run_writes_the_report(tmp_path):
+    rows = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()[:3]]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("\n".join(json.dumps({"id": r["id"], "audio": str(DEV / r["audio"]), "text": r["text"]})
+                                  for r in rows))
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "asr_spec", "eval", "--manifest", str(manifest), "--out", str(out),
+                        "--systems", "target,spec",
+                        "--k", "2", "--draft", "layers:0,1,2,3,5"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["systems"]) == {"target", "spec-k2"}
+    spec = res["systems"]["spec-k2"]
+    assert spec["identical_to_target"] == 3 and spec["utterances"] == 3
+    assert spec["wer"] == res["systems"]["target"]["wer"]
+    assert 0 < spec["alpha"] <= 1 and spec["tokens_per_pass"] > 1
+    for key in ("cpu", "threads", "git_commit", "torch"):
+        assert key in res["environment"]
+    md = (out / "report.md").read_text()
+    assert "| spec-k2 |" in md and "identical to target" in md
+    for png in ("speedup_vs_k.png", "acceptance_by_position.png", "time_split.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_missing_peer_is_reported_as_skipped(monkeypatch):
+    import importlib.util
+
+    from asr_spec.evaluation import systems
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "faster_whisper" else real(name, *a))
+    specs = systems.expand(["target", "faster-whisper"], [4], 0.5, 1)
+    assert [s.name for s in specs] == ["target", "faster-whisper-int8", "faster-whisper-float32"]
+    assert systems.missing(specs[0]) is None
+    assert "faster-whisper is not installed" in systems.missing(specs[1])
