@@ -137,6 +137,38 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_distill(args: argparse.Namespace) -> int:
+    import shlex
+
+    import torch
+
+    from .distill.card import write_card
+    from .distill.train import DistillOptions, distill
+    from .models.loader import ModelError
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    missing = [p for p in args.audio + args.text if not Path(p).exists()]
+    if missing:
+        print(f"error: not found: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    o = DistillOptions(target=args.target, out=Path(args.out), audio=tuple(Path(a) for a in args.audio),
+                       text=tuple(Path(t) for t in args.text),
+                       layers=tuple(int(i) for i in args.layers.split(",")) if args.layers else (),
+                       head_size=args.head_size, tts_clips=args.tts_clips,
+                       tts_engines=tuple(e for e in args.tts_engines.split(",") if e), minutes=args.minutes,
+                       max_steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed)
+    try:
+        report = distill(o)
+    except (ModelError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    write_card(Path(args.out), report, "asr_spec distill " + " ".join(shlex.quote(a) for a in sys.argv[2:]))
+    print(f"draft written to {args.out}: held-aside acceptance {report['held_aside_acceptance']:.1%} after "
+          f"{report['steps']} steps ({report['train_seconds'] / 60:.1f} min); use it with --draft {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="asr_spec", description="Exact speculative Whisper transcription.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -175,6 +207,23 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--language", default="en", help="language for every system ('' = detect)")
     e.add_argument("--threads", type=int, default=0, help="threads for every system (default: torch's)")
     e.set_defaults(func=cmd_eval)
+
+    d = sub.add_parser("distill", help="train a cheap draft for a Whisper target from unlabeled audio (and text)")
+    d.add_argument("--target", default="whisper-base", help="the Whisper model the draft will serve")
+    d.add_argument("--audio", nargs="+", default=[], help="folders of unlabeled audio (the target labels it)")
+    d.add_argument("--text", nargs="*", default=[], help="sentence files (one per line) to synthesize speech from")
+    d.add_argument("--out", required=True, help="output folder: the draft, checkpoints, cache, report, model card")
+    d.add_argument("--layers", default="", help="target decoder layers to initialise from (default: first,last)")
+    d.add_argument("--head-size", type=int, default=4000, help="text tokens in the draft's output layer (0: all)")
+    d.add_argument("--tts-clips", type=int, default=600, help="clips to synthesize from --text")
+    d.add_argument("--tts-engines", default="", help="comma list of espeak-ng, flite, festival (default: installed)")
+    d.add_argument("--minutes", type=float, default=20.0, help="training time budget")
+    d.add_argument("--steps", type=int, default=0, help="train this many steps instead of a time budget")
+    d.add_argument("--batch", type=int, default=16)
+    d.add_argument("--lr", type=float, default=7e-4)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--threads", type=int, default=0)
+    d.set_defaults(func=cmd_distill)
     return p
 
 

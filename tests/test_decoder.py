@@ -48,7 +48,7 @@ def test_rollback_is_just_a_position(tiny_target):
 def test_reduced_head_gives_minus_inf_outside_the_shortlist(tiny_target):
     hf = tiny_target.hf
     ids = torch.tensor([5, 50, 220, 50257])
-    dec = StaticDecoder(hf.model.decoder, hf.proj_out, head_ids=ids)
+    dec = StaticDecoder(hf.model.decoder, hf.proj_out.weight[ids], head_ids=ids)
     full = tiny_target.decoder
     mem = _memory(1)
     tok, pos = torch.tensor([[50258, 50259]]), torch.arange(2)[None]

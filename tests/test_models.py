@@ -11,7 +11,8 @@ from asr_spec.decoding.logits import LogitRules
 from asr_spec.decoding.sampling import Greedy
 from asr_spec.decoding.speculative import Decoders, speculative_decode
 from asr_spec.models.ct2 import read_model_bin
-from asr_spec.models.loader import DRAFT_META, ModelError, _package_data, load_draft, load_target
+from asr_spec.models.loader import (ModelError, _package_data, distilled_decoder, load_draft, load_target,
+                                    save_distilled)
 from asr_spec.transcribe import Transcriber
 
 from tiny import save_tiny
@@ -36,10 +37,15 @@ def test_local_directory_loads_with_its_tokenizer_completed(tiny_target):
 def test_each_draft_kind_loads_and_decodes_exactly(tiny_target, tmp_path, kind):
     if kind == "full-whisper":  # its own encoder, another width
         path = save_tiny(tmp_path / "d", seed=7, d_model=24, decoder_layers=1)
-    else:
+    elif kind == "decoder-only":
         path = save_tiny(tmp_path / "d", seed=7, causal=True, decoder_layers=1)
-    if kind == "distilled-format":
-        (path / DRAFT_META).write_text(json.dumps({"head_ids": list(range(0, 51865, 7))}))
+    else:  # what asr_spec distill writes: own layers and a reduced head, the target's embeddings
+        path = tmp_path / "d"
+        module = distilled_decoder(tiny_target, 1)
+        ids = list(range(0, 51865, 7))
+        head = torch.randn(len(ids), 32, generator=torch.Generator().manual_seed(1))
+        save_distilled(path, module.model.decoder, head, ids, {"target": "tiny"})
+        assert not (path / "config.json").exists()
     draft = load_draft(str(path), tiny_target)
     assert (draft.encoder is not None) == (kind == "full-whisper")
     assert (draft.decoder.head_ids is not None) == (kind == "distilled-format")

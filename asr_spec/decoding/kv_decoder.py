@@ -46,18 +46,18 @@ class _Layer:
 
 
 class StaticDecoder:
-    """Runs a transformers ``WhisperDecoder`` (+ output projection) over a :class:`KVCache`.
+    """Runs a transformers ``WhisperDecoder`` and an output layer ``head`` [n, d] over a :class:`KVCache`.
 
-    ``head_ids`` restricts the output layer to a token shortlist (a reduced-vocabulary draft head);
-    logits of tokens outside it are ``-inf``.
+    With ``head_ids`` the output layer covers only that token shortlist (row i scores token head_ids[i]:
+    a reduced-vocabulary draft head); logits of tokens outside it are ``-inf``.
     """
 
-    def __init__(self, decoder: nn.Module, proj_out: nn.Linear, head_ids: torch.Tensor | None = None):
+    def __init__(self, decoder: nn.Module, head: torch.Tensor, head_ids: torch.Tensor | None = None):
         self.decoder = decoder
         self.layers = [_Layer(layer) for layer in decoder.layers]
-        self.vocab_size = proj_out.weight.shape[0]
+        self.vocab_size = decoder.embed_tokens.num_embeddings
         self.head_ids = head_ids
-        self.head_w = proj_out.weight.detach() if head_ids is None else proj_out.weight.detach()[head_ids]
+        self.head_w = head.detach()
         self.max_positions = decoder.embed_positions.weight.shape[0]
 
     @property

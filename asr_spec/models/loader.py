@@ -182,7 +182,7 @@ def load_target(spec: str = EMBEDDED, device: str = "cpu", dtype: torch.dtype = 
     if not (path / "tokenizer.json").exists():
         raise ModelError(f"{spec}: no tokenizer.json beside the model")
     tokenizer = WhisperTokenizer.from_dir(path, _generation_config(path), hf.config.vocab_size)
-    return Whisper(hf, tokenizer, StaticDecoder(hf.model.decoder, hf.proj_out), hf.model.encoder, str(spec))
+    return Whisper(hf, tokenizer, StaticDecoder(hf.model.decoder, hf.proj_out.weight), hf.model.encoder, str(spec))
 
 
 def truncated_draft(target: Whisper, layers: list[int]) -> WhisperForCausalLM:
@@ -190,16 +190,12 @@ def truncated_draft(target: Whisper, layers: list[int]) -> WhisperForCausalLM:
     n = target.hf.config.decoder_layers
     if not layers or any(not 0 <= i < n for i in layers):
         raise ModelError(f"draft layers {layers}: the target decoder has layers 0..{n - 1}")
-    cfg = WhisperConfig(**{**target.hf.config.to_dict(), "decoder_layers": len(layers)})
-    draft = WhisperForCausalLM(cfg).to(target.decoder.device)
+    draft = distilled_decoder(target, len(layers))
     src, dst = target.hf.model.decoder, draft.model.decoder
-    dst.embed_tokens.load_state_dict(src.embed_tokens.state_dict())
-    dst.embed_positions.load_state_dict(src.embed_positions.state_dict())
     dst.layer_norm.load_state_dict(src.layer_norm.state_dict())
     for j, i in enumerate(layers):
         dst.layers[j].load_state_dict(src.layers[i].state_dict())
-    draft.proj_out.weight = dst.embed_tokens.weight
-    return draft.eval()
+    return draft.to(target.hf.dtype).eval()
 
 
 def _check(target: Whisper, name: str, vocab_size: int, tokenizer_dir: Path | None, width: int | None,
@@ -226,25 +222,62 @@ def load_draft(spec: str, target: Whisper) -> Draft:
     if spec.startswith("layers:"):
         layers = [int(i) for i in spec.split(":", 1)[1].split(",") if i.strip()]
         hf = truncated_draft(target, layers)
-        return Draft(StaticDecoder(hf.model.decoder, hf.proj_out), None, spec, hf)
+        return Draft(StaticDecoder(hf.model.decoder, hf.proj_out.weight), None, spec, hf)
     path = resolve(spec)
+    if (path / DRAFT_META).exists():
+        return load_distilled(path, target)
     config = WhisperConfig.from_pretrained(path)
     arch = (config.architectures or ["WhisperForConditionalGeneration"])[0]
-    meta = json.loads((path / DRAFT_META).read_text()) if (path / DRAFT_META).exists() else {}
-    if arch == "WhisperForCausalLM" or meta:
+    if arch == "WhisperForCausalLM":
         hf = WhisperForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
         width = hf.model.decoder.layers[0].encoder_attn.k_proj.in_features
         _check(target, spec, config.vocab_size, path, width, None)
-        head = meta.get("head_ids")
-        head_ids = torch.tensor(head, device=device) if head else None
-        return Draft(StaticDecoder(hf.model.decoder, hf.proj_out, head_ids), None, spec, hf)
+        return Draft(StaticDecoder(hf.model.decoder, hf.proj_out.weight), None, spec, hf)
     hf = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
     _check(target, spec, config.vocab_size, path, None, config.num_mel_bins)
-    return Draft(StaticDecoder(hf.model.decoder, hf.proj_out), hf.model.encoder, spec, hf)
+    return Draft(StaticDecoder(hf.model.decoder, hf.proj_out.weight), hf.model.encoder, spec, hf)
 
 
-def timed_load(target: str, draft: str | None) -> tuple[Whisper, Draft | None, float]:
-    start = time.perf_counter()
-    t = load_target(target)
-    d = load_draft(draft, t) if draft else None
-    return t, d, time.perf_counter() - start
+def save_distilled(path: Path, decoder: nn.Module, head: torch.Tensor, head_ids: list[int] | None, meta: dict) -> None:
+    """Write the ``asr_spec distill`` draft format: the draft's own decoder layers, final layer norm and output
+    layer (``draft.safetensors``) plus ``asr_spec_draft.json``. Token and position embeddings are the target's."""
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {f"layers.{k}": v for k, v in decoder.layers.state_dict().items()}
+    tensors |= {f"layer_norm.{k}": v for k, v in decoder.layer_norm.state_dict().items()}
+    tensors["head.weight"] = head
+    save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(path / "draft.safetensors"))
+    doc = {"format": "asr_spec-draft/1", "decoder_layers": len(decoder.layers), "head_ids": head_ids, **meta}
+    (path / DRAFT_META).write_text(json.dumps(doc, indent=1))
+
+
+def distilled_decoder(target: Whisper, layers: int) -> WhisperForCausalLM:
+    """A draft module in the target's shape with ``layers`` decoder layers, sharing the target's embeddings."""
+    cfg = WhisperConfig(**{**target.hf.config.to_dict(), "decoder_layers": layers})
+    draft = WhisperForCausalLM(cfg).to(target.decoder.device)
+    src, dst = target.hf.model.decoder, draft.model.decoder
+    dst.embed_tokens = src.embed_tokens
+    dst.embed_positions = src.embed_positions
+    draft.proj_out.weight = src.embed_tokens.weight
+    return draft
+
+
+def load_distilled(path: Path, target: Whisper) -> Draft:
+    from safetensors.torch import load_file
+
+    meta = json.loads((path / DRAFT_META).read_text())
+    if meta.get("format") != "asr_spec-draft/1":
+        raise ModelError(f"{path}: unknown draft format {meta.get('format')!r}")
+    tensors = load_file(str(path / "draft.safetensors"), device=str(target.decoder.device))
+    head = tensors.pop("head.weight")
+    vocab = meta.get("vocab_size", target.hf.config.vocab_size)
+    _check(target, str(path), vocab, None, head.shape[1], None)
+    draft = distilled_decoder(target, meta["decoder_layers"])
+    dec = draft.model.decoder
+    dec.layers.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("layers.")})
+    dec.layer_norm.load_state_dict({k[11:]: v for k, v in tensors.items() if k.startswith("layer_norm.")})
+    draft = draft.to(target.hf.dtype).eval()
+    ids = meta.get("head_ids")
+    head_ids = torch.tensor(ids, device=target.decoder.device) if ids else None
+    return Draft(StaticDecoder(dec, head.to(target.hf.dtype), head_ids), None, str(path), draft)

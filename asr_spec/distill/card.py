@@ -1,0 +1,33 @@
+"""The model card written next to a distilled draft."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_card(out: Path, report: dict, command: str) -> None:
+    ex = report["examples"]
+    history = "\n".join(f"| {h['step']} | {h['seconds'] / 60:.1f} | {100 * h['acceptance']:.1f} % |"
+                        for h in report["history"])
+    card = f"""# Distilled draft for `{report['target']}`
+
+A draft decoder for exact speculative decoding with asr_spec: {report['decoder_layers']} decoder layers initialised
+from the target's layers {report['layers_from']}, reading the target's encoder output (shared encoder) and its
+token/position embeddings, with a {report['head_tokens']}-token output layer. The target verifies every drafted
+token, so transcripts are the target's own whatever the draft proposes.
+
+- Trained with: `{command}`
+- Seed {report['options']['seed']}; {report['steps']} steps of batch {report['options']['batch']} in
+  {report['train_seconds'] / 60:.1f} min (labelling the data with the target: {report['label_seconds'] / 60:.1f} min), CPU.
+- Data: {ex['real']} real-audio examples and {ex['tts']} synthesized ones (labelled by the target's greedy decoding;
+  {ex['held_aside']} held aside). Audio: {', '.join(report['options']['audio']) or 'none'}; text for synthesis:
+  {', '.join(Path(t).name for t in report['options']['text']) or 'none'}. No evaluation data.
+- Loss: KL to the target's top-{report['options']['top_k']} distribution (renormalised on the head) +
+  {report['options']['ce_weight']} x cross-entropy on its greedy tokens.
+- Held-aside per-token acceptance (teacher-forced argmax = target's token): **{100 * report['held_aside_acceptance']:.1f} %**;
+  tokens the head cannot propose: {100 * (1 - report['held_aside_label_coverage']):.1f} % of held-aside labels.
+
+| step | minutes | held-aside acceptance |
+|---|---|---|
+{history}
+"""
+    (out / "README.md").write_text(card)

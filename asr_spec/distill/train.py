@@ -1,0 +1,270 @@
+"""The distillation run: label data with the target (cached), choose the draft's token shortlist, train the
+draft's layers with knowledge distillation (KL on the target's top-k + CE on its greedy labels), checkpoint,
+export. Recipe after distil-Whisper: layers initialised from the target's, frozen shared encoder/embeddings."""
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from ..models.loader import Whisper, distilled_decoder, load_target, save_distilled
+from .data import Example, audio_files, clips, label, synthesize
+from .tts import available_engines
+
+
+@dataclass(frozen=True)
+class DistillOptions:
+    target: str
+    out: Path
+    audio: tuple[Path, ...] = ()
+    text: tuple[Path, ...] = ()
+    layers: tuple[int, ...] = ()  # target layers to start from; default: first and last
+    head_size: int = 4000  # text tokens in the draft's output layer (0: full vocabulary)
+    tts_clips: int = 600
+    tts_engines: tuple[str, ...] = ()  # default: every engine installed
+    notimestamps_every: int = 4  # also label every Nth clip in <|notimestamps|> mode
+    minutes: float = 20.0  # training time budget (labelling not included)
+    max_steps: int = 0  # 0: until the time budget ends
+    batch: int = 16
+    lr: float = 7e-4
+    top_k: int = 32
+    ce_weight: float = 0.8
+    seed: int = 0
+    eval_every: int = 50
+    label_batch: int = 8
+
+
+@dataclass
+class State:
+    step: int = 0
+    seconds: float = 0.0
+    history: list[dict] = field(default_factory=list)
+
+
+def _log(msg: str) -> None:
+    tqdm.write(msg)
+
+
+def build_data(o: DistillOptions, target: Whisper) -> list[Example]:
+    """Label every clip once; shards in out/cache make a rerun resume where it stopped."""
+    cache = o.out / "cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    sources: list[tuple[str, list[Path]]] = [("real", audio_files(list(o.audio)))]
+    if o.text and o.tts_clips:
+        engines = list(o.tts_engines) or available_engines()
+        if not engines:
+            raise RuntimeError("no TTS engine found (apt-get install espeak-ng flite festival), or pass --tts-clips 0")
+        _log(f"synthesizing {o.tts_clips} clips with {', '.join(engines)}")
+        sources.append(("tts", synthesize(list(o.text), o.tts_clips, cache / "tts", engines, o.seed)))
+    examples: list[Example] = []
+    for source, files in sources:
+        items = list(clips(files, source))
+        bar = tqdm(total=len(items), desc=f"labelling {source} clips with the target", unit="clip")
+        for n, start in enumerate(range(0, len(items), o.label_batch)):
+            shard = cache / f"{source}-{n:05d}.pt"
+            batch = items[start:start + o.label_batch]
+            if shard.exists():
+                got = torch.load(shard, weights_only=False)
+            else:
+                got = label(target, batch, o.top_k, timestamps=True)
+                extra = [b for j, b in enumerate(batch) if (start + j) % o.notimestamps_every == 0]
+                if extra:
+                    got += label(target, extra, o.top_k, timestamps=False)
+                torch.save(got, shard.with_suffix(".tmp"))
+                shard.with_suffix(".tmp").replace(shard)
+            examples += got
+            bar.update(len(batch))
+        bar.close()
+    return examples
+
+
+def choose_shortlist(o: DistillOptions, target: Whisper, train: list[Example]) -> list[int] | None:
+    """The head_size most frequent text tokens (pseudo-labels weighted x4, plus the text corpus), end-of-text and
+    every timestamp token. Tokens outside it are sure misses for the draft; the target still verifies."""
+    if not o.head_size:
+        return None
+    v = target.vocab
+    counts: Counter[int] = Counter()
+    for ex in train:
+        counts.update({t: 4 for t in ex.labels})
+    for f in o.text:
+        for line in Path(f).read_text().splitlines():
+            if line.strip():
+                counts.update(target.tokenizer.encode(" " + line.strip()))
+    text = [t for t, _ in counts.most_common() if t < v.eot][: o.head_size]
+    return sorted(set(text) | {v.eot} | set(range(v.timestamp_begin, v.size)))
+
+
+class Batcher:
+    """Pads examples into teacher-forcing batches."""
+
+    def __init__(self, head_ids: list[int] | None, vocab_size: int, pad: int):
+        self.pad = pad
+        self.index = torch.full((vocab_size,), -1, dtype=torch.long)  # vocab id -> head row (-1: not in head)
+        ids = torch.tensor(head_ids) if head_ids else torch.arange(vocab_size)
+        self.index[ids] = torch.arange(len(ids))
+
+    def __call__(self, batch: list[Example]):
+        inputs = [ex.prompt + ex.labels[:-1] for ex in batch]
+        length = max(map(len, inputs))
+        x = torch.full((len(batch), length), self.pad, dtype=torch.long)
+        y = torch.full((len(batch), length), -100, dtype=torch.long)
+        k = batch[0].top_ids.shape[1]
+        top_rows = torch.full((len(batch), length, k), -1, dtype=torch.long)
+        top_lp = torch.zeros(len(batch), length, k)
+        for i, (ex, inp) in enumerate(zip(batch, inputs)):
+            x[i, : len(inp)] = torch.tensor(inp)
+            at = slice(len(ex.prompt) - 1, len(ex.prompt) - 1 + len(ex.labels))
+            y[i, at] = self.index[torch.tensor(ex.labels)]
+            top_rows[i, at] = self.index[ex.top_ids.long()]
+            top_lp[i, at] = ex.top_logprobs.float()
+        y[y < 0] = -100  # labels outside the shortlist cannot be learnt
+        memory = torch.stack([ex.memory for ex in batch]).float()
+        return x, y, top_rows, top_lp, memory
+
+
+def losses(logits: torch.Tensor, y: torch.Tensor, top_rows: torch.Tensor, top_lp: torch.Tensor):
+    """KL(target top-k, renormalised on the shortlist || draft) and CE on the target's greedy labels."""
+    valid = y != -100
+    ce = F.cross_entropy(logits[valid], y[valid])
+    logq = torch.log_softmax(logits, dim=-1)
+    in_head = top_rows >= 0
+    p = torch.softmax(top_lp.masked_fill(~in_head, float("-inf")), dim=-1)
+    p = torch.nan_to_num(p)  # a position whose top-k all fall outside the head
+    logq_top = logq.gather(-1, top_rows.clamp(min=0))
+    kl = (p * (torch.log(p.clamp(min=1e-12)) - logq_top)).masked_fill(~in_head, 0).sum(-1)
+    kl = kl[(top_rows[..., 0] >= 0) | valid].mean()
+    return kl, ce
+
+
+def held_aside_acceptance(model, head: torch.Tensor, batcher: Batcher, held: list[Example]) -> float:
+    """Teacher-forced agreement of the draft's argmax with the target's greedy token (per-token acceptance)."""
+    hits = total = 0
+    with torch.no_grad():
+        for i in range(0, len(held), 16):
+            x, y, _, _, mem = batcher(held[i:i + 16])
+            h = model.model.decoder(input_ids=x, encoder_hidden_states=mem, use_cache=False).last_hidden_state
+            pred = (h @ head.T).argmax(-1)
+            labelled = torch.zeros_like(y, dtype=torch.bool)
+            for j, ex in enumerate(held[i:i + 16]):
+                labelled[j, len(ex.prompt) - 1: len(ex.prompt) - 1 + len(ex.labels)] = True
+            hits += int(((pred == y) & labelled).sum())
+            total += int(labelled.sum())
+    return hits / max(total, 1)
+
+
+def distill(o: DistillOptions) -> dict:
+    torch.manual_seed(o.seed)
+    rng = random.Random(o.seed)
+    target = load_target(o.target)
+    for p in target.hf.parameters():
+        p.requires_grad_(False)
+    t0 = time.perf_counter()
+    examples = build_data(o, target)
+    label_seconds = time.perf_counter() - t0
+    train = [e for e in examples if not e.held_aside]
+    held = [e for e in examples if e.held_aside]
+    if not train or not held:
+        raise RuntimeError(f"too little data: {len(examples)} labelled examples")
+    head_ids = choose_shortlist(o, target, train)
+    n_layers = target.hf.config.decoder_layers
+    layers = list(o.layers) or [0, n_layers - 1]
+    model = distilled_decoder(target, len(layers))
+    src, dec = target.hf.model.decoder, model.model.decoder
+    dec.layer_norm.load_state_dict(src.layer_norm.state_dict())
+    for j, i in enumerate(layers):
+        dec.layers[j].load_state_dict(src.layers[i].state_dict())
+    emb = src.embed_tokens.weight.detach()
+    head = torch.nn.Parameter((emb[torch.tensor(head_ids)] if head_ids else emb).clone())
+    trainable = list(dec.layers.parameters()) + list(dec.layer_norm.parameters()) + [head]
+    for p in trainable:
+        p.requires_grad_(True)
+    model.train()
+    opt = torch.optim.AdamW(trainable, lr=o.lr, weight_decay=0.01)
+    batcher = Batcher(head_ids, target.vocab.size, target.vocab.eot)
+    state = State()
+    ckpt = o.out / "checkpoint.pt"
+    if ckpt.exists():
+        saved = torch.load(ckpt, weights_only=False)
+        if saved["options"] == asdict(o) | {"out": str(o.out)}:
+            dec.layers.load_state_dict(saved["layers"])
+            dec.layer_norm.load_state_dict(saved["layer_norm"])
+            head.data.copy_(saved["head"])
+            opt.load_state_dict(saved["optimizer"])
+            state = State(**saved["state"])
+            rng.setstate(saved["rng"])
+            _log(f"resumed from step {state.step}")
+    coverage = sum(batcher.index[t] >= 0 for e in held for t in e.labels) / sum(len(e.labels) for e in held)
+    _log(f"{len(train)} training / {len(held)} held-aside examples (labelling {label_seconds:.0f} s); "
+         f"head {len(head_ids) if head_ids else target.vocab.size} tokens, held-aside label coverage {coverage:.1%}")
+
+    def save() -> None:
+        tmp = ckpt.with_suffix(".tmp")
+        torch.save({"options": asdict(o) | {"out": str(o.out)}, "layers": dec.layers.state_dict(),
+                    "layer_norm": dec.layer_norm.state_dict(), "head": head.detach(), "optimizer": opt.state_dict(),
+                    "state": asdict(state), "rng": rng.getstate()}, tmp)
+        tmp.replace(ckpt)
+
+    budget = o.minutes * 60
+    total_steps = o.max_steps or None
+    bar = tqdm(total=total_steps or int(budget), initial=state.step if total_steps else int(state.seconds),
+               desc="training draft", unit="step" if total_steps else "s")
+    acceptance = state.history[-1]["acceptance"] if state.history else None
+    while (state.step < o.max_steps) if o.max_steps else (state.seconds < budget):
+        start = time.perf_counter()
+        lr = o.lr * min(1.0, (state.step + 1) / 30)
+        if not o.max_steps:
+            lr *= max(0.05, 1 - state.seconds / budget)
+        else:
+            lr *= max(0.05, 1 - state.step / o.max_steps)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x, y, top_rows, top_lp, mem = batcher(rng.sample(train, min(o.batch, len(train))))
+        h = dec(input_ids=x, encoder_hidden_states=mem, use_cache=False).last_hidden_state
+        kl, ce = losses(h @ head.T, y, top_rows, top_lp)
+        loss = kl + o.ce_weight * ce
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        opt.step()
+        state.step += 1
+        elapsed = time.perf_counter() - start
+        state.seconds += elapsed
+        if state.step % o.eval_every == 0:
+            model.eval()
+            acceptance = held_aside_acceptance(model, head, batcher, held)
+            model.train()
+            state.history.append({"step": state.step, "seconds": round(state.seconds, 1), "loss": round(loss.item(), 4),
+                                  "acceptance": round(acceptance, 4)})
+            save()
+        bar.set_postfix(loss=f"{loss.item():.3f}", kl=f"{kl.item():.3f}", ce=f"{ce.item():.3f}",
+                        held_acc=f"{acceptance:.3f}" if acceptance is not None else "-")
+        bar.update(1 if total_steps else elapsed)
+    bar.close()
+    model.eval()
+    acceptance = held_aside_acceptance(model, head, batcher, held)
+    state.history.append({"step": state.step, "seconds": round(state.seconds, 1), "acceptance": round(acceptance, 4)})
+    save()
+    report = {
+        "target": o.target, "layers_from": layers, "decoder_layers": len(layers),
+        "head_tokens": len(head_ids) if head_ids else target.vocab.size,
+        "held_aside_label_coverage": round(float(coverage), 4),
+        "examples": {"train": len(train), "held_aside": len(held),
+                     "real": sum(e.source == "real" for e in examples), "tts": sum(e.source == "tts" for e in examples)},
+        "steps": state.step, "train_seconds": round(state.seconds, 1), "label_seconds": round(label_seconds, 1),
+        "held_aside_acceptance": round(acceptance, 4), "history": state.history,
+        "options": {k: [str(p) for p in v] if isinstance(v, tuple) and v and isinstance(v[0], Path) else
+                    (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items()},
+    }
+    save_distilled(o.out, dec, head.detach(), head_ids, {"target": o.target, "vocab_size": target.vocab.size,
+                                                          "training": {k: report[k] for k in ("steps", "train_seconds",
+                                                                       "held_aside_acceptance", "layers_from")}})
+    (o.out / "report.json").write_text(json.dumps(report, indent=1))
+    return report
