@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_DRAFT = "layers:0,5"  # untrained truncated copy until a distilled draft ships
+DEFAULT_DRAFT = "auto"  # the draft shipped for the target (asr_spec/drafts/), else none
 SAMPLE = Path(__file__).parent / "samples" / "jfk.flac"
 
 
@@ -36,7 +36,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from .audio import AudioError, load_audio
-    from .models.loader import ModelError, load_draft, load_target
+    from .models.loader import ModelError, default_draft, load_draft, load_target
     from .transcribe import TranscribeOptions, Transcriber
     from .writers import FORMATS, write_outputs
 
@@ -56,7 +56,8 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         target = load_target(args.model, device=args.device)
-        draft = None if args.no_draft else load_draft(args.draft, target)
+        draft_spec = default_draft(args.model) if args.draft == DEFAULT_DRAFT else args.draft
+        draft = None if (args.no_draft or draft_spec is None) else load_draft(draft_spec, target)
     except ModelError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -117,6 +118,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from .evaluation.run import EvalOptions, evaluate
+    from .models.loader import default_draft
     from .evaluation.report import table
 
     if not Path(args.manifest).is_file():
@@ -125,7 +127,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     opts = EvalOptions(manifest=Path(args.manifest), out=Path(args.out),
                        systems=tuple(s.strip() for s in args.systems.split(",") if s.strip()),
                        ks=tuple(int(k) for k in args.k.split(",")), limit=args.limit, repeat=args.repeat,
-                       temperature=args.temperature, seeds=args.seeds, model=args.model, draft=args.draft,
+                       temperature=args.temperature, seeds=args.seeds, model=args.model,
+                       draft=(default_draft(args.model) or "layers:0,5") if args.draft == DEFAULT_DRAFT else args.draft,
                        language=args.language or None, threads=args.threads)
     try:
         results = evaluate(opts)
@@ -152,7 +155,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     if missing:
         print(f"error: not found: {', '.join(missing)}", file=sys.stderr)
         return 1
-    o = DistillOptions(target=args.target, out=Path(args.out), audio=tuple(Path(a) for a in args.audio),
+    o = DistillOptions(target=args.target, out=Path(args.out), work=Path(args.work) if args.work else None, audio=tuple(Path(a) for a in args.audio),
                        text=tuple(Path(t) for t in args.text),
                        layers=tuple(int(i) for i in args.layers.split(",")) if args.layers else (),
                        head_size=args.head_size, tts_clips=args.tts_clips,
@@ -178,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--output-dir", help="write transcripts here (default: print only)")
     t.add_argument("--format", choices=["txt", "srt", "vtt", "json", "all"], help="output format (default txt)")
     t.add_argument("--model", default="whisper-base", help="target: whisper-base (embedded), a local directory or a Hugging Face id")
-    t.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: a directory or id (decoder-only or full Whisper) or layers:I,J")
+    t.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'auto' (the one shipped for the target), a directory or id "
+                   "(asr_spec distill output, decoder-only or full Whisper) or layers:I,J (untrained copy)")
     t.add_argument("--no-draft", action="store_true", help="target-only decoding (the baseline)")
     t.add_argument("--k", type=int, default=4, help="drafted tokens per target pass")
     t.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples (exact speculative sampling)")
@@ -213,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--audio", nargs="+", default=[], help="folders of unlabeled audio (the target labels it)")
     d.add_argument("--text", nargs="*", default=[], help="sentence files (one per line) to synthesize speech from")
     d.add_argument("--out", required=True, help="output folder: the draft, checkpoints, cache, report, model card")
+    d.add_argument("--work", help="label cache and checkpoints (default: OUT/work); rerunning resumes from it")
     d.add_argument("--layers", default="", help="target decoder layers to initialise from (default: first,last)")
     d.add_argument("--head-size", type=int, default=4000, help="text tokens in the draft's output layer (0: all)")
     d.add_argument("--tts-clips", type=int, default=600, help="clips to synthesize from --text")

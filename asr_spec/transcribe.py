@@ -97,16 +97,15 @@ class Transcriber:
         return enc, (self.draft.encoder_out(mel, enc) if self.draft else None)
 
     @torch.inference_mode()
-    def detect_language(self, target_memory: torch.Tensor) -> tuple[str, dict[str, float]]:
+    def detect_language(self, target_memory: torch.Tensor) -> list[str]:
+        """The most likely language of each window in the batch (Whisper's detection from <|startoftranscript|>)."""
         v = self.vocab
         dec = self.target.decoder
         cache = dec.new_cache(target_memory, 1)
         sot = torch.full((target_memory.shape[0], 1), v.sot, device=dec.device)
-        logits = dec(cache, sot, torch.zeros_like(sot))[0, 0].float()
+        logits = dec(cache, sot, torch.zeros_like(sot))[:, 0].float()
         codes, ids = list(v.languages), list(v.languages.values())
-        probs = torch.softmax(logits[ids], dim=-1).tolist()
-        best = codes[int(np.argmax(probs))]
-        return best, dict(zip(codes, probs))
+        return [codes[i] for i in logits[:, ids].argmax(dim=-1).tolist()]
 
     def prompt(self, previous: list[int], language: str | None, task: str, timestamps: bool) -> tuple[list[int], int]:
         v = self.vocab
@@ -153,7 +152,7 @@ class Transcriber:
             stats.encoder_seconds += time.perf_counter() - t0
             t0 = time.perf_counter()
             if v.multilingual and language is None:
-                language, _ = self.detect_language(memories[0])
+                language = self.detect_language(memories[0])[0]
             previous = all_tokens[prompt_since:] if o.condition_on_previous_text else []
             prompt = self.prompt(previous, language, o.task, o.timestamps)
             for i, temperature in enumerate(o.temperatures):

@@ -79,26 +79,33 @@ def clips(files: list[Path], source: str) -> Iterator[tuple[str, str, np.ndarray
 
 @torch.inference_mode()
 def label(target: Whisper, batch: list[tuple[str, str, np.ndarray]], top_k: int, timestamps: bool) -> list[Example]:
-    """Run the target over a batch of clips: encoder, language, greedy decode, then top-k log-probs."""
+    """Run the target over a batch of clips: encoder, language, greedy decode (batched), then top-k log-probs."""
     tr = Transcriber(target)
+    v, dec = target.vocab, target.decoder
     mel = torch.stack([window(log_mel(a, target.n_mels), 0) for _, _, a in batch])
     memory = target.encode(mel)
-    out = []
-    for i, (cid, source, _) in enumerate(batch):
-        mem = memory[i:i + 1]
-        language = tr.detect_language(mem)[0] if target.vocab.multilingual else None
-        prompt, sot = tr.prompt([], language, "transcribe", timestamps)
-        r = tr.decode((mem, None), [(prompt, sot)], 0.0, 0, timestamps, None, use_draft=False)[0]
+    languages = tr.detect_language(memory) if v.multilingual else [None] * len(batch)
+    prompts = [tr.prompt([], lang, "transcribe", timestamps) for lang in languages]
+    results = tr.decode((memory, None), prompts, 0.0, 0, timestamps, None, use_draft=False)
+    keep = []
+    for i, r in enumerate(results):
         text = target.tokenizer.decode(r.tokens)
         if (len(r.tokens) >= 223 or compression_ratio(text) > 2.4 or not text.strip()
                 or (r.no_speech_prob > 0.6 and r.avg_logprob < -1.0)):
             continue  # loops, hallucinations and silence teach the draft nothing useful
-        labels = r.tokens + [target.vocab.eot]
-        seq = torch.tensor([prompt + labels[:-1]], device=mem.device)
-        dec = target.decoder
-        logits = dec(dec.new_cache(mem, seq.shape[1]), seq, torch.arange(seq.shape[1], device=mem.device)[None])
-        logprobs = torch.log_softmax(logits[0, len(prompt) - 1:].float(), dim=-1)
-        top = logprobs.topk(top_k, dim=-1)
-        out.append(Example(f"{cid}{'' if timestamps else '#nots'}", source, mem[0].to(torch.float16).cpu(), prompt,
+        keep.append((i, prompts[i][0], r.tokens + [v.eot]))
+    if not keep:
+        return []
+    seqs = [prompt + labels[:-1] for _, prompt, labels in keep]
+    width = max(map(len, seqs))
+    tokens = torch.tensor([s + [v.eot] * (width - len(s)) for s in seqs], device=memory.device)
+    rows = torch.tensor([i for i, _, _ in keep], device=memory.device)
+    logits = dec(dec.new_cache(memory[rows], width), tokens, torch.arange(width, device=memory.device).expand(len(keep), -1))
+    out = []
+    for j, (i, prompt, labels) in enumerate(keep):
+        lp = torch.log_softmax(logits[j, len(prompt) - 1: len(prompt) - 1 + len(labels)].float(), dim=-1)
+        top = lp.topk(top_k, dim=-1)
+        cid, source, _ = batch[i]
+        out.append(Example(f"{cid}{'' if timestamps else '#nots'}", source, memory[i].to(torch.float16).cpu(), prompt,
                            labels, top.indices.to(torch.int32).cpu(), top.values.to(torch.float16).cpu()))
     return out

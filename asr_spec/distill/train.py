@@ -23,6 +23,7 @@ from .tts import available_engines
 class DistillOptions:
     target: str
     out: Path
+    work: Path | None = None  # label cache and checkpoints (default: out/work)
     audio: tuple[Path, ...] = ()
     text: tuple[Path, ...] = ()
     layers: tuple[int, ...] = ()  # target layers to start from; default: first and last
@@ -48,13 +49,17 @@ class State:
     history: list[dict] = field(default_factory=list)
 
 
+def workdir(o: DistillOptions) -> Path:
+    return o.work or o.out / "work"
+
+
 def _log(msg: str) -> None:
     tqdm.write(msg)
 
 
 def build_data(o: DistillOptions, target: Whisper) -> list[Example]:
     """Label every clip once; shards in out/cache make a rerun resume where it stopped."""
-    cache = o.out / "cache"
+    cache = workdir(o) / "cache"
     cache.mkdir(parents=True, exist_ok=True)
     sources: list[tuple[str, list[Path]]] = [("real", audio_files(list(o.audio)))]
     if o.text and o.tts_clips:
@@ -100,6 +105,11 @@ def choose_shortlist(o: DistillOptions, target: Whisper, train: list[Example]) -
                 counts.update(target.tokenizer.encode(" " + line.strip()))
     text = [t for t, _ in counts.most_common() if t < v.eot][: o.head_size]
     return sorted(set(text) | {v.eot} | set(range(v.timestamp_begin, v.size)))
+
+
+def _jsonable(o: DistillOptions) -> dict:
+    return {k: [str(p) for p in v] if isinstance(v, tuple) and v and isinstance(v[0], Path) else
+            (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items()}
 
 
 class Batcher:
@@ -169,8 +179,8 @@ def distill(o: DistillOptions) -> dict:
     t0 = time.perf_counter()
     examples = build_data(o, target)
     label_seconds = time.perf_counter() - t0
-    train = [e for e in examples if not e.held_aside]
-    held = [e for e in examples if e.held_aside]
+    held = [e for e in examples if e.held_aside] or examples[-1:]  # small runs: hold at least one aside
+    train = [e for e in examples if e not in held]
     if not train or not held:
         raise RuntimeError(f"too little data: {len(examples)} labelled examples")
     head_ids = choose_shortlist(o, target, train)
@@ -190,10 +200,10 @@ def distill(o: DistillOptions) -> dict:
     opt = torch.optim.AdamW(trainable, lr=o.lr, weight_decay=0.01)
     batcher = Batcher(head_ids, target.vocab.size, target.vocab.eot)
     state = State()
-    ckpt = o.out / "checkpoint.pt"
+    ckpt = workdir(o) / "checkpoint.pt"
     if ckpt.exists():
         saved = torch.load(ckpt, weights_only=False)
-        if saved["options"] == asdict(o) | {"out": str(o.out)}:
+        if saved["options"] == _jsonable(o):
             dec.layers.load_state_dict(saved["layers"])
             dec.layer_norm.load_state_dict(saved["layer_norm"])
             head.data.copy_(saved["head"])
@@ -207,7 +217,7 @@ def distill(o: DistillOptions) -> dict:
 
     def save() -> None:
         tmp = ckpt.with_suffix(".tmp")
-        torch.save({"options": asdict(o) | {"out": str(o.out)}, "layers": dec.layers.state_dict(),
+        torch.save({"options": _jsonable(o), "layers": dec.layers.state_dict(),
                     "layer_norm": dec.layer_norm.state_dict(), "head": head.detach(), "optimizer": opt.state_dict(),
                     "state": asdict(state), "rng": rng.getstate()}, tmp)
         tmp.replace(ckpt)
@@ -250,7 +260,8 @@ def distill(o: DistillOptions) -> dict:
     bar.close()
     model.eval()
     acceptance = held_aside_acceptance(model, head, batcher, held)
-    state.history.append({"step": state.step, "seconds": round(state.seconds, 1), "acceptance": round(acceptance, 4)})
+    if not state.history or state.history[-1]["step"] != state.step:
+        state.history.append({"step": state.step, "seconds": round(state.seconds, 1), "acceptance": round(acceptance, 4)})
     save()
     report = {
         "target": o.target, "layers_from": layers, "decoder_layers": len(layers),
@@ -260,8 +271,7 @@ def distill(o: DistillOptions) -> dict:
                      "real": sum(e.source == "real" for e in examples), "tts": sum(e.source == "tts" for e in examples)},
         "steps": state.step, "train_seconds": round(state.seconds, 1), "label_seconds": round(label_seconds, 1),
         "held_aside_acceptance": round(acceptance, 4), "history": state.history,
-        "options": {k: [str(p) for p in v] if isinstance(v, tuple) and v and isinstance(v[0], Path) else
-                    (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items()},
+        "options": _jsonable(o),
     }
     save_distilled(o.out, dec, head.detach(), head_ids, {"target": o.target, "vocab_size": target.vocab.size,
                                                           "training": {k: report[k] for k in ("steps", "train_seconds",

@@ -215,6 +215,16 @@ def _check(target: Whisper, name: str, vocab_size: int, tokenizer_dir: Path | No
         raise ModelError(f"draft {name} does not fit target {target.name}: " + "; ".join(problems))
 
 
+SHIPPED_DRAFTS = Path(__file__).resolve().parents[1] / "drafts"
+
+
+def default_draft(target_spec: str) -> str | None:
+    """The draft shipped for a target (the embedded whisper-base has one), or None."""
+    if target_spec in (EMBEDDED, "embedded", "base") and (SHIPPED_DRAFTS / EMBEDDED / DRAFT_META).exists():
+        return str(SHIPPED_DRAFTS / EMBEDDED)
+    return None
+
+
 def load_draft(spec: str, target: Whisper) -> Draft:
     """``layers:0,5`` (a truncated copy of the target), a decoder-only ``WhisperForCausalLM`` (shared
     encoder; distil-Whisper and ``asr_spec distill`` output) or a full smaller Whisper (own encoder)."""
@@ -247,7 +257,7 @@ def save_distilled(path: Path, decoder: nn.Module, head: torch.Tensor, head_ids:
     tensors = {f"layers.{k}": v for k, v in decoder.layers.state_dict().items()}
     tensors |= {f"layer_norm.{k}": v for k, v in decoder.layer_norm.state_dict().items()}
     tensors["head.weight"] = head
-    save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(path / "draft.safetensors"))
+    save_file({k: v.detach().to(torch.float16).contiguous() for k, v in tensors.items()}, str(path / "draft.safetensors"))
     doc = {"format": "asr_spec-draft/1", "decoder_layers": len(decoder.layers), "head_ids": head_ids, **meta}
     (path / DRAFT_META).write_text(json.dumps(doc, indent=1))
 
@@ -277,7 +287,7 @@ def load_distilled(path: Path, target: Whisper) -> Draft:
     dec = draft.model.decoder
     dec.layers.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("layers.")})
     dec.layer_norm.load_state_dict({k[11:]: v for k, v in tensors.items() if k.startswith("layer_norm.")})
-    draft = draft.to(target.hf.dtype).eval()
+    draft = draft.to(target.hf.dtype).eval()  # stored in fp16, run in the target's precision
     ids = meta.get("head_ids")
     head_ids = torch.tensor(ids, device=target.decoder.device) if ids else None
     return Draft(StaticDecoder(dec, head.to(target.hf.dtype), head_ids), None, str(path), draft)

@@ -1,0 +1,62 @@
+"""``asr_spec distill`` end to end on a few real training clips and synthesized speech: it writes a draft
+that loads, keeps decoding exact, and resumes from its checkpoint."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from asr_spec.audio import load_audio
+from asr_spec.distill.tts import available_engines
+from asr_spec.features import log_mel, window
+from asr_spec.models.loader import load_draft
+from asr_spec.transcribe import Transcriber
+
+from conftest import DEV
+
+pytestmark = pytest.mark.slow
+TRAIN = DEV.parent / "train"
+
+
+def distill(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "asr_spec", "distill", *args], capture_output=True, text=True,
+                          timeout=900)
+
+
+@pytest.mark.skipif(not available_engines(), reason="needs espeak-ng, flite or festival (installed by .ci/run)")
+def test_distill_writes_a_draft_that_decodes_exactly_and_resumes(tmp_path, base_model):
+    audio = tmp_path / "audio"
+    audio.mkdir()
+    for f in sorted((TRAIN / "audio" / "en").glob("*.flac"))[:6]:
+        shutil.copy(f, audio)
+    text = TRAIN / "text" / "gutenberg_doyle_wells.txt"
+    out, work = tmp_path / "draft", tmp_path / "work"
+    common = ["--target", "whisper-base", "--audio", str(audio), "--text", str(text), "--tts-clips", "10",
+              "--batch", "4", "--out", str(out), "--work", str(work)]
+    r = distill(*common, "--steps", "6")
+    assert r.returncode == 0, r.stderr[-3000:]
+    for name in ("draft.safetensors", "asr_spec_draft.json", "README.md", "report.json"):
+        assert (out / name).exists()
+    report = json.loads((out / "report.json").read_text())
+    assert report["steps"] == 6 and report["examples"]["tts"] > 0 and report["examples"]["real"] > 0
+    assert 0 <= report["held_aside_acceptance"] <= 1
+    assert "asr_spec distill" in (out / "README.md").read_text()
+
+    draft = load_draft(str(out), base_model)
+    assert draft.decoder.head_ids is not None and draft.encoder is None
+    tr = Transcriber(base_model, draft)
+    mel = window(log_mel(load_audio(DEV / "LJ001-0002.wav")), 0)[None]
+    memories = tr.encode(mel)
+    prompt = tr.prompt([], "en", "transcribe", True)
+    ref = tr.decode(memories, [prompt], 0.0, 0, True, None, use_draft=False)[0]
+    spec = tr.decode(memories, [prompt], 0.0, 4, True, None)[0]
+    assert spec.tokens == ref.tokens and spec.stats.drafted > 0
+
+    r = distill(*common, "--steps", "6")  # same options: the checkpoint is complete, nothing to redo
+    assert "resumed from step 6" in r.stderr
+    assert json.loads((out / "report.json").read_text())["steps"] == 6
