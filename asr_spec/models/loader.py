@@ -145,7 +145,7 @@ class Whisper:
 
     @torch.inference_mode()
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
-        return self.encoder(mel.to(self.decoder.device)).last_hidden_state
+        return self.encoder(mel.to(self.decoder.device, self.hf.dtype)).last_hidden_state
 
 
 @dataclass
@@ -159,7 +159,9 @@ class Draft:
 
     @torch.inference_mode()
     def encoder_out(self, mel: torch.Tensor, target_out: torch.Tensor) -> torch.Tensor:
-        return target_out if self.encoder is None else self.encoder(mel.to(self.decoder.device)).last_hidden_state
+        if self.encoder is None:
+            return target_out
+        return self.encoder(mel.to(self.decoder.device, self.decoder.head_w.dtype)).last_hidden_state
 
     def alone(self, target: Whisper) -> Whisper:
         """The draft decoding by itself (with the target's tokenizer and, if it has none, encoder)."""
@@ -290,4 +292,9 @@ def load_distilled(path: Path, target: Whisper) -> Draft:
     draft = draft.to(target.hf.dtype).eval()  # stored in fp16, run in the target's precision
     ids = meta.get("head_ids")
     head_ids = torch.tensor(ids, device=target.decoder.device) if ids else None
-    return Draft(StaticDecoder(dec, head.to(target.hf.dtype), head_ids), None, str(path), draft)
+    head = head.to(target.hf.dtype)
+    # the transformers view (for peers such as assisted generation) gets the trained rows in a full-vocabulary
+    # output layer; rows outside the shortlist are zero (logit 0) since a linear layer cannot say -inf
+    full = head if head_ids is None else head.new_zeros(vocab, head.shape[1]).index_copy_(0, head_ids, head)
+    draft.proj_out.weight = nn.Parameter(full, requires_grad=False)
+    return Draft(StaticDecoder(dec, head, head_ids), None, str(path), draft)
