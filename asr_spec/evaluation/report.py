@@ -12,6 +12,10 @@ def _fmt(v, pct: bool = False) -> str:
     return f"{v:g}" if isinstance(v, (int, float)) else str(v)
 
 
+def _x(v) -> str:
+    return "—" if v is None else f"{v:g}x"
+
+
 def table(results: dict) -> str:
     s = results["systems"]
     vt_wall, vt_dec = results["speedup_vs_target"]["wall"], results["speedup_vs_target"]["decode"]
@@ -23,7 +27,7 @@ def table(results: dict) -> str:
                     f"| {_fmt(m.get('alpha'), True)} | {_fmt(m.get('accepted_per_drafted'), True)} "
                     f"| {_fmt(m.get('tokens_per_pass'))} | {_fmt(m['encoder_s'])} | {_fmt(m['decode_s'])} "
                     f"| {_fmt(m['wall_s'])} | {_fmt(m['rtf'])} | {_fmt(m['tokens_per_s'])} | {_fmt(m['peak_rss_mb'])} "
-                    f"| {_fmt(vt_wall.get(name))}x | {_fmt(vt_dec.get(name))}x |")
+                    f"| {_x(vt_wall.get(name))} | {_x(vt_dec.get(name))} |")
     return "\n".join(rows)
 
 
@@ -33,7 +37,7 @@ def peer_table(results: dict) -> str:
         return "No peer systems ran."
     rows = ["| system | " + " | ".join(f"vs {p}" for p in peers) + " |", "|---|" + "---|" * len(peers)]
     for name in results["systems"]:
-        rows.append(f"| {name} | " + " | ".join(f"{_fmt(peers[p].get(name))}x" for p in peers) + " |")
+        rows.append(f"| {name} | " + " | ".join(_x(peers[p].get(name)) for p in peers) + " |")
     return "\n".join(rows)
 
 

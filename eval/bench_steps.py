@@ -1,0 +1,55 @@
+"""Per-step costs of the decoders: a target step (1 new token), a verify pass (K+1 tokens) and a draft step,
+with the caches of one 30 s window at a realistic length. The numbers behind the speed-up formula
+S = E / (K c + v) of DESIGN.md section 5.
+
+    python eval/bench_steps.py [--draft DIR] [--threads 2] [--batch 1]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from asr_spec.models.loader import default_draft, load_draft, load_target
+
+
+def timed(fn, repeat: int = 30) -> float:
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    return (time.perf_counter() - t0) / repeat * 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--draft", default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--prefix", type=int, default=40, help="tokens already in the cache")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    target = load_target()
+    draft = load_draft(args.draft or default_draft("whisper-base") or "layers:0,5", target)
+    b, n = args.batch, args.prefix
+    memory = target.encode(torch.zeros(b, target.n_mels, 3000))
+    tokens = torch.randint(0, 50000, (b, n + 9))
+    pos = torch.arange(n + 9).expand(b, -1)
+    rows = {}
+    for name, dec in (("target", target.decoder), ("draft", draft.decoder)):
+        cache = dec.new_cache(memory, 460)
+        dec(cache, tokens[:, :n], pos[:, :n])
+        for t in (1, 2, 3, 4, 5, 6, 9):
+            rows[(name, t)] = timed(lambda: dec(cache, tokens[:, n:n + t], pos[:, n:n + t],
+                                                None if name == "target" else torch.full((b, 1), t - 1)))
+    step = rows[("target", 1)]
+    print(f"batch {b}, {args.threads} threads, {n} cached tokens; draft {draft.name}")
+    print("new tokens | target ms (x step) | draft ms (x target step)")
+    for t in (1, 2, 3, 4, 5, 6, 9):
+        print(f"{t:10d} | {rows[('target', t)]:7.2f} ({rows[('target', t)] / step:4.2f}) | "
+              f"{rows[('draft', t)]:6.2f} ({rows[('draft', t)] / step:4.2f})")
+
+
+if __name__ == "__main__":
+    main()
