@@ -32,7 +32,7 @@ def _model(seed: int, scale: float) -> StaticDecoder:
         for p in m.parameters():
             if p.dim() == 2:
                 p.normal_(0, scale)
-    return StaticDecoder(m.model.decoder, m.proj_out)
+    return StaticDecoder(m.model.decoder, m.proj_out.weight)
 
 
 TARGET = _model(1, 0.5)
