@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -54,7 +55,7 @@ def workdir(o: DistillOptions) -> Path:
 
 
 def _log(msg: str) -> None:
-    tqdm.write(msg)
+    tqdm.write(msg, file=sys.stderr)
 
 
 def build_data(o: DistillOptions, target: Whisper) -> list[Example]:
