@@ -6,10 +6,8 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-import torch
 
 from asr_spec.audio import load_audio
 from asr_spec.distill.tts import available_engines

@@ -7,9 +7,6 @@ import json
 import pytest
 import torch
 
-from asr_spec.decoding.logits import LogitRules
-from asr_spec.decoding.sampling import Greedy
-from asr_spec.decoding.speculative import Decoders, speculative_decode
 from asr_spec.models.ct2 import read_model_bin
 from asr_spec.models.loader import (ModelError, _package_data, distilled_decoder, load_draft, load_target,
                                     save_distilled)

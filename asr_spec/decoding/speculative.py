@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .kv_decoder import KVCache, StaticDecoder
+from .kv_decoder import StaticDecoder
 from .logits import LogitRules
 from .sampling import Greedy, Rejection
 
@@ -88,7 +88,6 @@ def speculative_decode(
     for i, p in enumerate(prompts):
         seq[i, : len(p)] = torch.tensor(p)
     n = torch.tensor([len(p) for p in prompts], device=dev)
-    begin = n.clone()
     sampled: list[list[int]] = [[] for _ in range(b)]
     sum_logprob = [0.0] * b
     stats = [RowStats() for _ in range(b)]
