@@ -64,7 +64,9 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     print(f"loaded {target.name}" + (f" + draft {draft.name}" if draft else " (no draft)")
           + f" in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     options = TranscribeOptions(language=args.language, task=args.task, timestamps=not args.no_timestamps,
-                                k=args.k, temperatures=_temperatures(args.temperature, not args.no_fallback),
+                                k=TranscribeOptions.k if args.k is None else args.k,
+                                draft_stop=TranscribeOptions.draft_stop if args.draft_stop is None else args.draft_stop,
+                                temperatures=_temperatures(args.temperature, not args.no_fallback),
                                 seed=args.seed)
     transcriber = Transcriber(target, draft)
 
@@ -126,7 +128,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 1
     opts = EvalOptions(manifest=Path(args.manifest), out=Path(args.out),
                        systems=tuple(s.strip() for s in args.systems.split(",") if s.strip()),
-                       ks=tuple(int(k) for k in args.k.split(",")), limit=args.limit, repeat=args.repeat,
+                       ks=tuple(int(k) for k in args.k.split(",")),
+                       draft_stops=tuple(float(p) for p in args.draft_stop.split(",")), limit=args.limit, repeat=args.repeat,
                        temperature=args.temperature, seeds=args.seeds, model=args.model,
                        draft=(default_draft(args.model) or "layers:0,5") if args.draft == DEFAULT_DRAFT else args.draft,
                        language=args.language or None, threads=args.threads)
@@ -184,7 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'auto' (the one shipped for the target), a directory or id "
                    "(asr_spec distill output, decoder-only or full Whisper) or layers:I,J (untrained copy)")
     t.add_argument("--no-draft", action="store_true", help="target-only decoding (the baseline)")
-    t.add_argument("--k", type=int, default=4, help="drafted tokens per target pass")
+    t.add_argument("--k", type=int, help="most drafted tokens per target pass (default 3)")
+    t.add_argument("--draft-stop", type=float, help="adaptive draft length: stop drafting once the draft's probability "
+                   "for its proposal is below this (default 0.3; 0 = always K)")
     t.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples (exact speculative sampling)")
     t.add_argument("--no-fallback", action="store_true", help="no temperature fallback on failed windows")
     t.add_argument("--seed", type=int, default=0)
@@ -201,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--limit", type=int, default=0, help="first N utterances only")
     e.add_argument("--systems", default="target,spec,draft,hf,hf-assisted,faster-whisper",
                    help="comma list of target, spec, spec-sample, draft, hf, hf-assisted, faster-whisper")
-    e.add_argument("--k", default="4", help="comma list of K for spec (one run each)")
+    e.add_argument("--k", default="3", help="comma list of K for spec (one run each)")
+    e.add_argument("--draft-stop", default="0.3", help="comma list of adaptive draft-length thresholds (one run per K and each)")
     e.add_argument("--temperature", type=float, default=0.5, help="temperature of spec-sample")
     e.add_argument("--seeds", type=int, default=1, help="spec-sample runs (seeds 0..N-1)")
     e.add_argument("--repeat", type=int, default=1, help="timing repeats per utterance (medians reported)")

@@ -23,7 +23,8 @@ class TranscribeOptions:
     language: str | None = None  # None: detect (multilingual models)
     task: str = "transcribe"
     timestamps: bool = True
-    k: int = 4  # drafted tokens per target pass
+    k: int = 3  # most drafted tokens per target pass
+    draft_stop: float = 0.3  # stop drafting when the draft's belief in its proposal falls below this
     temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # fallback ladder
     compression_ratio_threshold: float | None = 2.4
     logprob_threshold: float | None = -1.0
@@ -115,13 +116,13 @@ class Transcriber:
 
     def decode(self, memories: tuple[torch.Tensor, torch.Tensor | None], prompts: list[tuple[list[int], int]],
                temperature: float, k: int, timestamps: bool, generator: torch.Generator | None,
-               use_draft: bool = True) -> list[RowResult]:
+               use_draft: bool = True, draft_stop: float = 0.0) -> list[RowResult]:
         """One speculative decode of a batch of windows (``memories`` rows match ``prompts``)."""
         draft = self.draft.decoder if (self.draft and use_draft) else None
         return speculative_decode(
             Decoders(self.target.decoder, draft), memories[0], memories[1], [p for p, _ in prompts],
             [s for _, s in prompts], LogitRules.whisper(self.vocab, timestamps), sampler_for(temperature),
-            k if draft else 0, self.vocab.eot, self.vocab.no_speech, generator=generator)
+            k if draft else 0, self.vocab.eot, self.vocab.no_speech, generator=generator, stop_below=draft_stop)
 
     def _needs_fallback(self, r: RowResult, o: TranscribeOptions) -> bool:
         cr = compression_ratio(self.target.tokenizer.decode(r.tokens))
@@ -156,7 +157,8 @@ class Transcriber:
             previous = all_tokens[prompt_since:] if o.condition_on_previous_text else []
             prompt = self.prompt(previous, language, o.task, o.timestamps)
             for i, temperature in enumerate(o.temperatures):
-                result = self.decode(memories, [prompt], temperature, o.k, o.timestamps, generator, use_draft)[0]
+                result = self.decode(memories, [prompt], temperature, o.k, o.timestamps, generator, use_draft,
+                                     o.draft_stop)[0]
                 stats.decode.add(result.stats)
                 if i + 1 == len(o.temperatures) or not self._needs_fallback(result, o):
                     break

@@ -7,6 +7,7 @@ S = E / (K c + v) of DESIGN.md section 5.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -14,12 +15,16 @@ import torch
 from asr_spec.models.loader import default_draft, load_draft, load_target
 
 
-def timed(fn, repeat: int = 30) -> float:
+def timed(fn, rounds: int = 7, repeat: int = 10) -> float:
+    """Median over rounds of the mean ms per call (this VM's timings are noisy)."""
     fn()
-    t0 = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    return (time.perf_counter() - t0) / repeat * 1000
+    means = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        means.append((time.perf_counter() - t0) / repeat * 1000)
+    return statistics.median(means)
 
 
 def main() -> None:

@@ -7,6 +7,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DEV=${ASR_SPEC_DEV:-../shared/data/dev}
 SYSTEMS=${SYSTEMS:-target,spec,spec-sample,draft,hf,hf-assisted,faster-whisper}
-asr_spec eval --manifest "$DEV/manifest.jsonl" --out eval/results/dev --systems "$SYSTEMS" --k "${KS:-2,4}" "$@"
+asr_spec eval --manifest "$DEV/manifest.jsonl" --out eval/results/dev --systems "$SYSTEMS" --k "${KS:-3,4}" --draft-stop "${STOPS:-0.3,0}" "$@"
 asr_spec eval --manifest "$DEV/longform/manifest.jsonl" --out eval/results/longform \
-  --systems "${LONG_SYSTEMS:-target,spec,hf,faster-whisper}" --k "${KS:-2,4}" "$@"
+  --systems "${LONG_SYSTEMS:-target,spec,hf,faster-whisper}" --k "${KS:-3,4}" --draft-stop "${STOPS:-0.3,0}" "$@"

@@ -121,3 +121,16 @@ def test_atomic_write_keeps_the_old_file_when_interrupted(tmp_path, monkeypatch)
         write_atomic(target, "new text")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["t.txt"]
+
+
+
+def test_cli_defaults_match_the_library_defaults():
+    from asr_spec.cli import build_parser
+    from asr_spec.transcribe import TranscribeOptions
+
+    ev = build_parser().parse_args(["eval", "--manifest", "m.jsonl"])
+    assert (int(ev.k), float(ev.draft_stop)) == (TranscribeOptions.k, TranscribeOptions.draft_stop)
+    tr = build_parser().parse_args(["transcribe", "a.wav"])
+    assert tr.k is None and tr.draft_stop is None  # resolved to TranscribeOptions' defaults
+    help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["transcribe"].format_help().split())
+    assert f"(default {TranscribeOptions.k})" in help_text and f"(default {TranscribeOptions.draft_stop};" in help_text

@@ -64,12 +64,13 @@ PROMPTS = [[50258, 50259, 50359], [50258, 50259, 50359, 50363], [50361, 100, 200
            [50258, 50259, 50358, 50363]]
 
 
-def _decode(model, draft, prompts, timestamps, k, sample_len=40):
+def _decode(model, draft, prompts, timestamps, k, sample_len=40, stop_below=0.0):
     v = model.vocab
     mem = _memory(len(prompts))
     sot = [p.index(v.sot) for p in prompts]
     return speculative_decode(Decoders(model.decoder, draft.decoder if draft else None), mem, mem, prompts, sot,
-                              LogitRules.whisper(v, timestamps), Greedy(), k, v.eot, v.no_speech, sample_len)
+                              LogitRules.whisper(v, timestamps), Greedy(), k, v.eot, v.no_speech, sample_len,
+                              stop_below=stop_below)
 
 
 @pytest.mark.parametrize("timestamps", [False, True])
@@ -86,6 +87,19 @@ def test_speculative_greedy_equals_target_greedy_tiny(tiny_target, timestamps, k
         assert s.stats.target_passes <= r.stats.target_passes
     if draft_spec == "layers:0,1":  # the draft is the target itself: every draft is accepted
         assert all(s.stats.rejected == 0 and s.stats.accepted > 0 for s in spec)
+
+
+@pytest.mark.parametrize("single_row", [True, False])
+def test_adaptive_draft_length_stops_early_and_stays_exact(tiny_target, single_row):
+    prompts = PROMPTS[:1] if single_row else PROMPTS
+    draft = load_draft("layers:0,1", tiny_target)
+    ref = _decode(tiny_target, None, prompts, True, 0)
+    full = _decode(tiny_target, draft, prompts, True, 6)
+    adaptive = _decode(tiny_target, draft, prompts, True, 6, stop_below=0.05)
+    for r, f, a in zip(ref, full, adaptive):
+        assert a.tokens == f.tokens == r.tokens
+        assert a.stats.drafted < f.stats.drafted  # some passes stopped drafting early
+        assert a.stats.target_passes >= f.stats.target_passes
 
 
 def test_rows_finish_independently_and_respect_sample_len(tiny_target):

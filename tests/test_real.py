@@ -55,7 +55,8 @@ def test_greedy_speculative_equals_target_on_every_dev_utterance(base_model, dev
         batch = items[start:start + 8]
         mel = torch.stack([window(log_mel(load_audio(DEV / it["audio"])), 0) for it in batch])
         memories = tr.encode(mel)
-        spec = tr.decode(memories, [prompt] * len(batch), 0.0, 4, timestamps, None)  # batched, ragged
+        o = TranscribeOptions()  # the default K and adaptive draft length
+        spec = tr.decode(memories, [prompt] * len(batch), 0.0, o.k, timestamps, None, draft_stop=o.draft_stop)
         for i, it in enumerate(batch):
             mem_i = (memories[0][i:i + 1], memories[1][i:i + 1])
             ref = tr.decode(mem_i, [prompt], 0.0, 0, timestamps, None, use_draft=False)[0]  # target alone

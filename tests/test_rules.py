@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from asr_spec.decoding.logits import LogitRules, TimestampRules
+from asr_spec.decoding.logits import FULL, Columns, LogitRules, TimestampRules
 from asr_spec.models.vocab import WhisperVocab
 
 V = 60
@@ -15,7 +15,7 @@ TB = VOCAB.timestamp_begin  # 37
 
 def allowed(sampled: list[int], logits: torch.Tensor | None = None) -> set[int]:
     x = torch.zeros(1, V) if logits is None else logits.clone()[None]
-    TimestampRules(VOCAB).apply(x, [sampled])
+    TimestampRules(VOCAB).apply(x, [sampled], FULL)
     return set(torch.nonzero(torch.isfinite(x[0])).flatten().tolist())
 
 
@@ -67,3 +67,20 @@ def test_rules_at_verified_positions_use_each_positions_own_prefix(tiny_target):
     for j in range(len(drafts) + 1):
         alone = rules(logits[j:j + 1].clone(), [drafts[:j]])
         assert torch.equal(batched[j:j + 1], alone)
+
+
+def test_rules_on_a_shortlist_equal_full_vocabulary_rules_restricted_to_it():
+    """A reduced-vocabulary draft applies the rules in shortlist columns; the result must be the full
+    vocabulary's, with everything outside the shortlist -inf."""
+    rules = LogitRules.whisper(VOCAB, timestamps=True)
+    ids = torch.tensor([3, 5, 7, 9, 30, 31, 36] + list(range(TB, V, 2)))
+    cols = Columns(ids)
+    gen = torch.Generator().manual_seed(1)
+    for sampled in ([], [TB], [TB, 7], [TB, 7, TB + 4], [TB, 7, TB + 4, TB + 4], [TB + 6, 9, 3]):
+        small = torch.randn(1, len(ids), generator=gen)
+        full = torch.full((1, V), float("-inf"))
+        full[0, ids] = small[0]
+        want = rules(full, [sampled])[0, ids]
+        got = rules(small.clone(), [sampled], cols)[0]
+        assert torch.equal(got, want), sampled
+    assert cols.of([VOCAB.eot, 4, 36]) == [4, 6] and cols.at(TB) == 7

@@ -10,7 +10,7 @@ from transformers import WhisperConfig, WhisperForConditionalGeneration
 from asr_spec.decoding.kv_decoder import StaticDecoder
 from asr_spec.decoding.logits import LogitRules
 from asr_spec.decoding.sampling import Rejection
-from asr_spec.decoding.speculative import Decoders, speculative_decode
+from asr_spec.decoding.speculative import Decoders, RowStats, speculative_decode
 from asr_spec.models.vocab import WhisperVocab
 
 V = 48
@@ -51,12 +51,18 @@ def exact_joint(temperature: float) -> torch.Tensor:
     return p1[:, None] * p2
 
 
-def sampled_pairs(sampler: Rejection, k: int, seed: int) -> torch.Tensor:
-    out = speculative_decode(Decoders(TARGET, DRAFT), MEMORY.expand(N, -1, -1), MEMORY.expand(N, -1, -1),
-                             [PROMPT] * N, [0] * N, RULES, sampler, k, VOCAB.eot, VOCAB.no_speech, sample_len=2,
-                             generator=torch.Generator().manual_seed(seed))
-    pairs = [(r.tokens + [VOCAB.eot])[:2] for r in out]
-    return torch.tensor(pairs)
+def sampled_pairs(sampler: Rejection, k: int, seed: int, stop_below: float = 0.0, rows: int = N,
+                  stats: list[RowStats] | None = None, draft: StaticDecoder = DRAFT) -> torch.Tensor:
+    """N samples, decoded in batches of ``rows`` (small batches let adaptive draft length vary per batch)."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(N // rows):
+        out += speculative_decode(Decoders(TARGET, draft), MEMORY.expand(rows, -1, -1), MEMORY.expand(rows, -1, -1),
+                                  [PROMPT] * rows, [0] * rows, RULES, sampler, k, VOCAB.eot, VOCAB.no_speech,
+                                  sample_len=2, generator=generator, stop_below=stop_below)
+    if stats is not None:
+        stats += [r.stats for r in out]
+    return torch.tensor([(r.tokens + [VOCAB.eot])[:2] for r in out])
 
 
 def chi_square_pvalue(pairs: torch.Tensor, joint: torch.Tensor) -> float:
@@ -100,6 +106,24 @@ def test_the_two_models_really_differ():
 def test_speculative_sampling_matches_the_target_distribution(k, temperature):
     pairs = sampled_pairs(Rejection(temperature), k, seed=10 + k)
     assert chi_square_pvalue(pairs, exact_joint(temperature)) > FALSE_ALARM
+
+
+def test_adaptive_draft_length_keeps_sampling_exact():
+    """Batches of 8: whether a pass drafts 1, 2 or 3 tokens depends on the draft's own proposals."""
+    stats: list[RowStats] = []
+    pairs = sampled_pairs(Rejection(1.0), 3, seed=7, stop_below=0.4, rows=8, stats=stats)
+    per_pass = sum(s.drafted for s in stats) / sum(s.target_passes for s in stats)
+    assert 1.2 < per_pass < 2.8  # drafting really stopped early in some passes and not in others
+    assert chi_square_pvalue(pairs, exact_joint(1.0)) > FALSE_ALARM
+
+
+def test_a_reduced_vocabulary_draft_keeps_sampling_exact():
+    """The draft proposes among 20 of the 48 tokens (its own columns); the target still gets p exactly."""
+    ids = torch.tensor(sorted(set(range(0, V, 3)) | {VOCAB.eot, VOCAB.no_timestamps}))
+    short = StaticDecoder(DRAFT.decoder, DRAFT.head_w[ids], head_ids=ids)
+    pairs = sampled_pairs(Rejection(1.0), 3, seed=5, draft=short)
+    assert set(pairs[:, 0].tolist()) - set(ids.tolist())  # the target's corrections reach other tokens
+    assert chi_square_pvalue(pairs, exact_joint(1.0)) > FALSE_ALARM
 
 
 @pytest.mark.parametrize("broken", [AlwaysAccept, ResampleFromTarget])

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .logits import Columns
+
 
 @dataclass
 class KVCache:
@@ -38,25 +40,48 @@ class _Layer:
         self.heads = sa.num_heads
         self.scaling = sa.scaling
         zero = torch.zeros_like(sa.q_proj.bias)
-        self.qkv_w = torch.cat([sa.q_proj.weight, sa.k_proj.weight, sa.v_proj.weight]).detach()
-        self.qkv_b = torch.cat([sa.q_proj.bias, zero, sa.v_proj.bias]).detach()
-        self.sa, self.ca = sa, ca
+        self.qkv = (torch.cat([sa.q_proj.weight, sa.k_proj.weight, sa.v_proj.weight]).detach(),
+                    torch.cat([sa.q_proj.bias, zero, sa.v_proj.bias]).detach())
+        weights = lambda m: (m.weight.detach(), m.bias.detach())  # noqa: E731
+        self.sa_out, self.ca_q, self.ca_out = weights(sa.out_proj), weights(ca.q_proj), weights(ca.out_proj)
+        self.fc1, self.fc2 = weights(layer.fc1), weights(layer.fc2)
+        self.ca = ca
         self.ln1, self.ln2, self.ln3 = layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm
-        self.fc1, self.fc2 = layer.fc1, layer.fc2
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for the few rows of a decode step. On this CPU, ``weight @ x.T`` with
+    at least two rows streams the weight at full memory bandwidth, where ``F.linear`` picks kernels that
+    are 1.5-5x slower for small row counts (the 51865-row output layer: 10.5 vs 3.1 ms per step;
+    eval/bench_steps.py). Target-only and speculative decoding both use it."""
+    rows = x.reshape(-1, x.shape[-1])
+    m = rows.shape[0]
+    if m == 1:
+        rows = torch.cat([rows, rows])
+    y = (weight @ rows.t()).t()[:m].contiguous()
+    if bias is not None:
+        y += bias
+    return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 class StaticDecoder:
     """Runs a transformers ``WhisperDecoder`` and an output layer ``head`` [n, d] over a :class:`KVCache`.
 
     With ``head_ids`` the output layer covers only that token shortlist (row i scores token head_ids[i]:
-    a reduced-vocabulary draft head); logits of tokens outside it are ``-inf``.
+    a reduced-vocabulary draft head): calls return logits over the shortlist with ``shortlist=True``
+    (columns in ascending token order, see ``columns``), else over the full vocabulary with ``-inf``
+    outside it.
     """
 
     def __init__(self, decoder: nn.Module, head: torch.Tensor, head_ids: torch.Tensor | None = None):
         self.decoder = decoder
         self.layers = [_Layer(layer) for layer in decoder.layers]
         self.vocab_size = decoder.embed_tokens.num_embeddings
+        if head_ids is not None:
+            head_ids, order = head_ids.sort()
+            head = head[order]
         self.head_ids = head_ids
+        self.columns = Columns(head_ids)
         self.head_w = head.detach()
         self.max_positions = decoder.embed_positions.weight.shape[0]
 
@@ -69,7 +94,7 @@ class StaticDecoder:
         b = encoder_out.shape[0]
         cross_k, cross_v, self_k, self_v = [], [], [], []
         for layer in self.layers:
-            h, dh = layer.heads, layer.qkv_w.shape[1] // layer.heads
+            h, dh = layer.heads, layer.qkv[0].shape[1] // layer.heads
             split = lambda t: t.view(b, -1, h, dh).transpose(1, 2).contiguous()  # noqa: E731
             cross_k.append(split(layer.ca.k_proj(encoder_out)))
             cross_v.append(split(layer.ca.v_proj(encoder_out)))
@@ -80,7 +105,7 @@ class StaticDecoder:
 
     @torch.inference_mode()
     def __call__(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
-                 logits_at: torch.Tensor | None = None) -> torch.Tensor:
+                 logits_at: torch.Tensor | None = None, shortlist: bool = False) -> torch.Tensor:
         """Feed ``tokens`` [B, T] at ``positions`` [B, T]; return logits [B, T', V] at the time
         indices ``logits_at`` [B, T'] (all T when None)."""
         b, t = tokens.shape
@@ -92,21 +117,21 @@ class StaticDecoder:
         rows = torch.arange(b, device=tokens.device)[:, None]
         for i, layer in enumerate(self.layers):
             h = layer.heads
-            y = F.linear(layer.ln1(x), layer.qkv_w, layer.qkv_b).view(b, t, 3, h, -1)
+            y = project(layer.ln1(x), *layer.qkv).view(b, t, 3, h, -1)
             q = (y[:, :, 0] * layer.scaling).transpose(1, 2)
             cache.self_k[i][rows, :, positions] = y[:, :, 1]
             cache.self_v[i][rows, :, positions] = y[:, :, 2]
             a = F.scaled_dot_product_attention(q, cache.self_k[i][:, :, :keys], cache.self_v[i][:, :, :keys],
                                                attn_mask=mask, scale=1.0)
-            x = x + layer.sa.out_proj(a.transpose(1, 2).reshape(b, t, -1))
-            q = (layer.ca.q_proj(layer.ln2(x)) * layer.scaling).view(b, t, h, -1).transpose(1, 2)
+            x = x + project(a.transpose(1, 2).reshape(b, t, -1), *layer.sa_out)
+            q = (project(layer.ln2(x), *layer.ca_q) * layer.scaling).view(b, t, h, -1).transpose(1, 2)
             a = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], scale=1.0)
-            x = x + layer.ca.out_proj(a.transpose(1, 2).reshape(b, t, -1))
-            x = x + layer.fc2(F.gelu(layer.fc1(layer.ln3(x))))
+            x = x + project(a.transpose(1, 2).reshape(b, t, -1), *layer.ca_out)
+            x = x + project(F.gelu(project(layer.ln3(x), *layer.fc1)), *layer.fc2)
         if logits_at is not None:
             x = x.gather(1, logits_at[:, :, None].expand(-1, -1, x.shape[-1]))
-        logits = F.linear(dec.layer_norm(x), self.head_w)
-        if self.head_ids is None:
+        logits = project(dec.layer_norm(x), self.head_w)
+        if self.head_ids is None or shortlist:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
         return full.index_copy_(-1, self.head_ids, logits)

@@ -2,10 +2,13 @@
 
 Each rule edits logits in place for N rows; ``sampled[i]`` is the list of tokens sampled so far for
 row i (everything after the prompt). The same rules run for the draft and for every verified position
-of the target, so both see exactly the distribution Whisper would.
+of the target, so both see exactly the distribution Whisper would. Logit columns are either the whole
+vocabulary or a sorted token shortlist (a reduced-vocabulary draft head): :class:`Columns` maps token
+ids to columns, so the draft never expands its logits to the full vocabulary.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Protocol, Sequence
 
 import torch
@@ -15,17 +18,42 @@ from ..models.vocab import WhisperVocab
 NEG_INF = float("-inf")
 
 
+class Columns:
+    """The token ids of the logit columns: the full vocabulary (``ids`` None) or a sorted shortlist."""
+
+    def __init__(self, ids: torch.Tensor | None = None):
+        self.ids = ids
+        self._ids = ids.tolist() if ids is not None else None
+        self._cache: dict[tuple[int, ...], list[int]] = {}
+
+    def at(self, token: int) -> int:
+        """The first column whose token id is >= ``token`` (a range boundary)."""
+        return token if self._ids is None else bisect_left(self._ids, token)
+
+    def of(self, tokens: Sequence[int]) -> list[int]:
+        """The columns of those ``tokens`` that have one."""
+        if self._ids is None:
+            return list(tokens)
+        key = tuple(tokens)
+        if key not in self._cache:
+            self._cache[key] = [c for c in map(self.at, key) if c < len(self._ids) and self._ids[c] in key]
+        return self._cache[key]
+
+
+FULL = Columns()
+
+
 class LogitRule(Protocol):
-    def apply(self, logits: torch.Tensor, sampled: Sequence[Sequence[int]]) -> None: ...
+    def apply(self, logits: torch.Tensor, sampled: Sequence[Sequence[int]], cols: Columns) -> None: ...
 
 
 class SuppressTokens:
     def __init__(self, ids: Sequence[int]):
         self.ids = list(ids)
 
-    def apply(self, logits: torch.Tensor, sampled: Sequence[Sequence[int]]) -> None:
-        if self.ids:
-            logits[:, self.ids] = NEG_INF
+    def apply(self, logits: torch.Tensor, sampled: Sequence[Sequence[int]], cols: Columns) -> None:
+        if at := cols.of(self.ids):
+            logits[:, at] = NEG_INF
 
 
 class SuppressAtBegin:
@@ -34,10 +62,10 @@ class SuppressAtBegin:
     def __init__(self, ids: Sequence[int]):
         self.ids = list(ids)
 
-    def apply(self, logits: torch.Tensor, sampled: Sequence[Sequence[int]]) -> None:
+    def apply(self, logits: torch.Tensor, sampled: Sequence[Sequence[int]], cols: Columns) -> None:
         rows = [i for i, s in enumerate(sampled) if len(s) == 0]
-        if rows and self.ids:
-            logits[torch.tensor(rows)[:, None], torch.tensor(self.ids)[None, :]] = NEG_INF
+        if rows and (at := cols.of(self.ids)):
+            logits[torch.tensor(rows)[:, None], torch.tensor(at)[None, :]] = NEG_INF
 
 
 class TimestampRules:
@@ -50,25 +78,27 @@ class TimestampRules:
         self.begin = vocab.timestamp_begin
         self.max_initial = vocab.max_initial_timestamp_index
 
-    def apply(self, logits: torch.Tensor, sampled: Sequence[Sequence[int]]) -> None:
-        tb = self.begin
-        logits[:, self.no_timestamps] = NEG_INF
+    def apply(self, logits: torch.Tensor, sampled: Sequence[Sequence[int]], cols: Columns) -> None:
+        begin = self.begin
+        tb, eot = cols.at(begin), cols.at(self.eot)
+        if at := cols.of([self.no_timestamps]):
+            logits[:, at] = NEG_INF
         for i, seq in enumerate(sampled):
-            last_ts = len(seq) >= 1 and seq[-1] >= tb
-            penultimate_ts = len(seq) < 2 or seq[-2] >= tb
+            last_ts = len(seq) >= 1 and seq[-1] >= begin
+            penultimate_ts = len(seq) < 2 or seq[-2] >= begin
             if last_ts:
                 if penultimate_ts:
                     logits[i, tb:] = NEG_INF  # a pair just closed: text (or eot) must follow
                 else:
-                    logits[i, : self.eot] = NEG_INF  # an open timestamp: no text next
-            stamps = [t for t in seq if t >= tb]
+                    logits[i, :eot] = NEG_INF  # an open timestamp: no text next
+            stamps = [t for t in seq if t >= begin]
             if stamps:
                 last = stamps[-1] if (last_ts and not penultimate_ts) else stamps[-1] + 1
-                logits[i, tb:last] = NEG_INF
+                logits[i, tb:cols.at(last)] = NEG_INF
             if len(seq) == 0:
                 logits[i, :tb] = NEG_INF
                 if self.max_initial is not None:
-                    logits[i, tb + self.max_initial + 1:] = NEG_INF
+                    logits[i, cols.at(begin + self.max_initial + 1):] = NEG_INF
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         ts_mass = logprobs[:, tb:].logsumexp(dim=-1)
         text_best = logprobs[:, :tb].max(dim=-1).values
@@ -89,8 +119,8 @@ class LogitRules:
             rules.append(TimestampRules(vocab))
         return cls(rules)
 
-    def __call__(self, logits: torch.Tensor, sampled: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Apply every rule to ``logits`` [N, V] (float32, edited in place) and return it."""
+    def __call__(self, logits: torch.Tensor, sampled: Sequence[Sequence[int]], cols: Columns = FULL) -> torch.Tensor:
+        """Apply every rule to ``logits`` [N, columns] (float32, edited in place) and return it."""
         for rule in self.rules:
-            rule.apply(logits, sampled)
+            rule.apply(logits, sampled, cols)
         return logits

@@ -72,9 +72,13 @@ def speculative_decode(
     no_speech: int,
     sample_len: int = 224,
     generator: torch.Generator | None = None,
+    stop_below: float = 0.0,
 ) -> list[RowResult]:
     """Decode one continuation per prompt. ``*_memory`` are the encoder outputs [B, S, D] the target
-    and the draft cross-attend to; ``sot_index[b]`` is where <|startoftranscript|> sits in prompt b."""
+    and the draft cross-attend to; ``sot_index[b]`` is where <|startoftranscript|> sits in prompt b.
+    Adaptive draft length: a pass drafts at most ``k`` tokens and stops early once the draft gives
+    every live row's proposal a probability below ``stop_below`` (the target verifies whatever was
+    drafted, so the output does not depend on it)."""
     target, draft = decoders.target, decoders.draft if k > 0 else None
     dev = target.device
     b = len(prompts)
@@ -116,19 +120,30 @@ def speculative_decode(
         if d_cache is not None:
             fpos = torch.stack([(n - 2).clamp(min=0), n - 1], dim=1)
             feed = _gather(seq, fpos)
+            cols = draft.columns  # the draft works in its own output columns (a shortlist, or all tokens)
             proposals, dists = [], []
             for j in range(k):
-                logits = draft(d_cache, feed, fpos, fpos.new_full((m, 1), feed.shape[1] - 1))[:, 0]
+                logits = draft(d_cache, feed, fpos, fpos.new_full((m, 1), feed.shape[1] - 1), shortlist=True)[:, 0]
                 ctx = [sampled[r] + x for r, x in zip(rows, torch.stack(proposals, 1).tolist())] if j else [sampled[r] for r in rows]
-                x, dist = sampler.propose(rules(logits.float(), ctx), generator)
+                processed = rules(logits.float(), ctx, cols)
+                c, dist = sampler.propose(processed, generator)
+                x = c if cols.ids is None else cols.ids[c]
                 proposals.append(x)
                 dists.append(dist)
+                if stop_below > 0 and j + 1 < k:
+                    belief = torch.softmax(processed, dim=-1).gather(1, c[:, None])
+                    if bool((belief < stop_below).all()):
+                        break
                 feed, fpos = x[:, None], (n + j)[:, None]
             drafts = torch.stack(proposals, dim=1)
-            q = torch.stack(dists, dim=1) if dists[0] is not None else None
+            if dists[0] is not None:  # the draft's distributions, over the full vocabulary for verification
+                q = torch.stack(dists, dim=1)
+                if cols.ids is not None:
+                    q = q.new_zeros(*q.shape[:2], target.vocab_size).index_copy_(2, cols.ids, q)
 
+        kk = drafts.shape[1]
         vfeed = torch.cat([_gather(seq, (n - 1)[:, None]), drafts], dim=1)
-        vpos = (n - 1)[:, None] + torch.arange(k + 1, device=dev)
+        vpos = (n - 1)[:, None] + torch.arange(kk + 1, device=dev)
         logits = target(t_cache, vfeed, vpos).float()
         if sot_last:  # first pass only: live == all rows here
             probs = torch.softmax(logits[sot_last, 0], dim=-1)[:, no_speech].tolist()
@@ -136,8 +151,8 @@ def speculative_decode(
                 no_speech_prob[r] = prob
             sot_last = []
         dlist = drafts.tolist()
-        ctx = [sampled[r] + dlist[i][:j] for i, r in enumerate(rows) for j in range(k + 1)]
-        logits = rules(logits.view(m * (k + 1), -1), ctx).view(m, k + 1, -1)
+        ctx = [sampled[r] + dlist[i][:j] for i, r in enumerate(rows) for j in range(kk + 1)]
+        logits = rules(logits.view(m * (kk + 1), -1), ctx).view(m, kk + 1, -1)
         accepted, nxt = sampler.verify(logits, drafts, q, generator)
         logprobs = torch.log_softmax(logits, dim=-1)
 
@@ -155,11 +170,11 @@ def speculative_decode(
                 new = new[: new.index(eot) + 1]
             st = stats[r]
             st.target_passes += 1
-            st.drafted += k
+            st.drafted += kk
             judged_accepts = min(a, len(new))
             st.accepted += judged_accepts
             st.accepted_at.append(judged_accepts)
-            if a < k and len(new) == a + 1:
+            if a < kk and len(new) == a + 1:
                 st.rejected += 1
             sum_logprob[r] += sum(token_lp[i][: len(new)])
             seq[i, int(n[i]): int(n[i]) + len(new)] = torch.tensor(new, device=dev)

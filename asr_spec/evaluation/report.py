@@ -81,9 +81,16 @@ def make_plots(results: dict, out: Path) -> list[Path]:
     spec = {n: m for n, m in s.items() if n.startswith("spec-k")}
     dec = results["speedup_vs_target"]["decode"]
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    ks = sorted((int(n[6:]), dec.get(n)) for n in spec if dec.get(n) is not None)
-    if ks:
-        ax.plot([k for k, _ in ks], [v for _, v in ks], "o-")
+    lines: dict[str, list[tuple[int, float]]] = {}
+    for n in spec:
+        k, _, stop = n[len("spec-k"):].partition("-stop")
+        if dec.get(n) is not None:
+            lines.setdefault(f"draft stop {stop}" if stop else "fixed K", []).append((int(k), dec[n]))
+    for label, ks in sorted(lines.items()):
+        ks.sort()
+        ax.plot([k for k, _ in ks], [v for _, v in ks], "o-", label=label)
+    if len(lines) > 1:
+        ax.legend()
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set(xlabel="K (drafted tokens per target pass)", ylabel="decode speed-up vs target", title="Decode speed-up vs K")
     paths.append(_save(fig, out / "speedup_vs_k.png"))

@@ -18,6 +18,7 @@ class SystemSpec:
     name: str  # unique display name, e.g. spec-k4, faster-whisper-int8
     kind: str  # one of OURS or PEERS
     k: int = 0
+    draft_stop: float = 0.0
     temperature: float = 0.0
     seed: int = 0
     compute_type: str = ""
@@ -40,14 +41,16 @@ class Output:
     stats: dict | None = None
 
 
-def expand(systems: list[str], ks: list[int], temperature: float, seeds: int) -> list[SystemSpec]:
+def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
+           stops: list[float] = [0.0]) -> list[SystemSpec]:  # noqa: B006 (never mutated)
     out: list[SystemSpec] = []
     for s in systems:
         if s == "spec":
-            out += [SystemSpec(f"spec-k{k}", "spec", k=k) for k in ks]
+            out += [SystemSpec(f"spec-k{k}" + (f"-stop{p:g}" if p else ""), "spec", k=k, draft_stop=p)
+                    for k in ks for p in stops]
         elif s == "spec-sample":
-            out += [SystemSpec(f"spec-sample-t{temperature}-s{i}", "spec-sample", k=ks[0], temperature=temperature,
-                               seed=i) for i in range(seeds)]
+            out += [SystemSpec(f"spec-sample-t{temperature}-s{i}", "spec-sample", k=ks[0], draft_stop=stops[0],
+                               temperature=temperature, seed=i) for i in range(seeds)]
         elif s == "faster-whisper":
             out += [SystemSpec(f"faster-whisper-{ct}", s, compute_type=ct) for ct in ("int8", "float32")]
         elif s in OURS + PEERS:
@@ -88,7 +91,8 @@ def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
     temps = tuple(t for t in (start + 0.2 * i for i in range(6)) if t <= 1.0 + 1e-9)
     if spec.kind == "draft":  # one greedy attempt: a failing draft would otherwise retry at every temperature
         temps = (0.0,)
-    opts = TranscribeOptions(language=setup.language, k=spec.k, temperatures=temps, seed=spec.seed)
+    opts = TranscribeOptions(language=setup.language, k=spec.k, draft_stop=spec.draft_stop, temperatures=temps,
+                             seed=spec.seed)
 
     def run(audio: np.ndarray) -> Output:
         t0 = time.perf_counter()
