@@ -30,13 +30,126 @@ def _writable_dir(path: Path) -> str | None:
     return None
 
 
+def _load_models(args: argparse.Namespace):
+    """(target, draft or None) from --model/--draft/--no-draft/--device, or None after printing the error."""
+    from .models.loader import ModelError, default_draft, load_draft, load_target
+
+    t0 = time.perf_counter()
+    try:
+        target = load_target(args.model, device=args.device)
+        draft_spec = default_draft(args.model) if args.draft == DEFAULT_DRAFT else args.draft
+        draft = None if (args.no_draft or draft_spec is None) else load_draft(draft_spec, target)
+    except ModelError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+    print(f"loaded {target.name}" + (f" + draft {draft.name}" if draft else " (no draft)")
+          + f" in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return target, draft
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="whisper-base", help="target: whisper-base (embedded), a local directory or a Hugging Face id")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'auto' (the one shipped for the target), a directory or id "
+                   "(asr_spec distill output, decoder-only or full Whisper) or layers:I,J (untrained copy)")
+    p.add_argument("--no-draft", action="store_true", help="target-only decoding (the baseline)")
+    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    import torch
+
+    from .server.app import Server, ServerConfig
+    from .streaming.engine import Engine, EngineConfig
+    from .transcribe import Transcriber
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if (models := _load_models(args)) is None:
+        return 1
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    engine = Engine(Transcriber(*models), EngineConfig(max_batch=args.max_batch))
+    config = ServerConfig(host=args.host, port=args.port, max_sessions=args.max_sessions,
+                          api_key=args.api_key or os.environ.get("ASR_SPEC_API_KEY") or None,
+                          idle_timeout_s=args.idle_timeout, step_s=args.step)
+    if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
+        print("warning: listening beyond localhost without --api-key", file=sys.stderr)
+    try:
+        asyncio.run(Server(engine, config).serve_forever())
+    except KeyboardInterrupt:
+        pass
+    except OSError as e:
+        print(f"error: cannot listen on {config.host}:{config.port}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_stream(args: argparse.Namespace) -> int:
+    from websockets.exceptions import InvalidStatus, InvalidURI
+
+    from .audio import AudioError, load_audio
+    from .clients.stream import printer, stream_file
+
+    try:
+        audio = load_audio(args.file)
+    except AudioError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    try:
+        events = stream_file(args.url, audio, args.realtime, printer(args.json), args.language or None,
+                             args.api_key or os.environ.get("ASR_SPEC_API_KEY"))
+    except (OSError, InvalidURI, InvalidStatus, TimeoutError) as e:
+        print(f"error: cannot stream to {args.url}: {e}", file=sys.stderr)
+        return 1
+    return 0 if events and events[-1]["type"] == "closed" else 1
+
+
+def cmd_mic(args: argparse.Namespace) -> int:
+    from .clients.mic import FileSource, LiveLine, MicError, Microphone, list_devices, run_local, run_remote
+
+    try:
+        if args.list_devices:
+            print(list_devices())
+            return 0
+        device = int(args.device) if args.device and args.device.isdigit() else args.device
+        source = FileSource(args.input_file) if args.input_file else Microphone(device)
+    except MicError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    display = LiveLine()
+    language = args.language or None
+    if args.url:
+        from websockets.exceptions import InvalidStatus, InvalidURI
+
+        print(f"streaming to {args.url}; Ctrl-C to stop", file=sys.stderr)
+        try:
+            with source:
+                run_remote(args.url, source, display, language, args.api_key or os.environ.get("ASR_SPEC_API_KEY"))
+        except (OSError, InvalidURI, InvalidStatus, TimeoutError) as e:
+            print(f"error: cannot stream to {args.url}: {e}", file=sys.stderr)
+            return 1
+    else:
+        from .streaming.engine import Engine
+        from .transcribe import Transcriber
+
+        if (models := _load_models(args)) is None:
+            return 1
+        print("listening (in-process engine); Ctrl-C to stop", file=sys.stderr)
+        with source:
+            run_local(Engine(Transcriber(*models)), source, display, language)
+    print("\n\ntranscript:\n" + display.transcript)
+    return 0
+
+
 def cmd_transcribe(args: argparse.Namespace) -> int:
     import soundfile as sf
     import torch
     from tqdm import tqdm
 
     from .audio import AudioError, load_audio
-    from .models.loader import ModelError, default_draft, load_draft, load_target
     from .transcribe import TranscribeOptions, Transcriber
     from .writers import FORMATS, write_outputs
 
@@ -53,16 +166,9 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    t0 = time.perf_counter()
-    try:
-        target = load_target(args.model, device=args.device)
-        draft_spec = default_draft(args.model) if args.draft == DEFAULT_DRAFT else args.draft
-        draft = None if (args.no_draft or draft_spec is None) else load_draft(draft_spec, target)
-    except ModelError as e:
-        print(f"error: {e}", file=sys.stderr)
+    if (models := _load_models(args)) is None:
         return 1
-    print(f"loaded {target.name}" + (f" + draft {draft.name}" if draft else " (no draft)")
-          + f" in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    target, draft = models
     options = TranscribeOptions(language=args.language, task=args.task, timestamps=not args.no_timestamps,
                                 k=TranscribeOptions.k if args.k is None else args.k,
                                 draft_stop=TranscribeOptions.draft_stop if args.draft_stop is None else args.draft_stop,
@@ -183,10 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--sample", action="store_true", help="also transcribe the bundled sample clip")
     t.add_argument("--output-dir", help="write transcripts here (default: print only)")
     t.add_argument("--format", choices=["txt", "srt", "vtt", "json", "all"], help="output format (default txt)")
-    t.add_argument("--model", default="whisper-base", help="target: whisper-base (embedded), a local directory or a Hugging Face id")
-    t.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'auto' (the one shipped for the target), a directory or id "
-                   "(asr_spec distill output, decoder-only or full Whisper) or layers:I,J (untrained copy)")
-    t.add_argument("--no-draft", action="store_true", help="target-only decoding (the baseline)")
+    _model_args(t)
     t.add_argument("--k", type=int, help="most drafted tokens per target pass (default 3)")
     t.add_argument("--draft-stop", type=float, help="adaptive draft length: stop drafting once the draft's probability "
                    "for its proposal is below this (default 0.3; 0 = always K)")
@@ -196,10 +299,38 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--language", help="language code (default: detect)")
     t.add_argument("--task", choices=["transcribe", "translate"], default="transcribe")
     t.add_argument("--no-timestamps", action="store_true", help="decode without timestamps (one segment per window)")
-    t.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...)")
-    t.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_transcribe)
+
+    v = sub.add_parser("serve", help="streaming transcription over WebSockets (docs/protocol.md)")
+    v.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: localhost only)")
+    v.add_argument("--port", type=int, default=8765)
+    v.add_argument("--max-sessions", type=int, default=8, help="more simultaneous sessions are refused")
+    v.add_argument("--api-key", help="require this bearer token (or ASR_SPEC_API_KEY)")
+    v.add_argument("--step", type=float, default=1.0, help="re-decode a stream after this many seconds of new audio")
+    v.add_argument("--max-batch", type=int, default=8, help="most streams decoded in one batch")
+    v.add_argument("--idle-timeout", type=float, default=60.0, help="close sessions silent for this many seconds")
+    _model_args(v)
+    v.set_defaults(func=cmd_serve)
+
+    m = sub.add_parser("mic", help="live microphone transcription in the terminal")
+    m.add_argument("--url", help="stream to asr_spec serve at this ws:// address (default: run the engine in-process)")
+    m.add_argument("--device", help="input device (number or name; see --list-devices)")
+    m.add_argument("--list-devices", action="store_true", help="list audio input devices and exit")
+    m.add_argument("--language", default="en", help="language code, or '' to detect")
+    m.add_argument("--api-key", help="bearer token for --url (or ASR_SPEC_API_KEY)")
+    m.add_argument("--input-file", help="replay this audio file at real time instead of the microphone")
+    _model_args(m)
+    m.set_defaults(func=cmd_mic)
+
+    c = sub.add_parser("stream", help="send an audio file to asr_spec serve as a live stream and print the events")
+    c.add_argument("file")
+    c.add_argument("--url", default="ws://127.0.0.1:8765", help="server address (default ws://127.0.0.1:8765)")
+    c.add_argument("--realtime", action="store_true", help="pace the audio at real time (default: as fast as possible)")
+    c.add_argument("--json", action="store_true", help="print every event as a JSON line (default: finals as text)")
+    c.add_argument("--language", default="en", help="language code, or '' to detect")
+    c.add_argument("--api-key", help="bearer token (or ASR_SPEC_API_KEY)")
+    c.set_defaults(func=cmd_stream)
 
     e = sub.add_parser("eval", help="WER parity, speed-up and memory against target-only and peer systems")
     e.add_argument("--manifest", required=True, help='JSON lines of {"id", "audio", "text"} (audio relative to the file)')

@@ -116,13 +116,15 @@ class Transcriber:
 
     def decode(self, memories: tuple[torch.Tensor, torch.Tensor | None], prompts: list[tuple[list[int], int]],
                temperature: float, k: int, timestamps: bool, generator: torch.Generator | None,
-               use_draft: bool = True, draft_stop: float = 0.0) -> list[RowResult]:
+               use_draft: bool = True, draft_stop: float = 0.0,
+               prefixes: list[list[int]] | None = None, hints: list[list[int]] | None = None) -> list[RowResult]:
         """One speculative decode of a batch of windows (``memories`` rows match ``prompts``)."""
         draft = self.draft.decoder if (self.draft and use_draft) else None
         return speculative_decode(
             Decoders(self.target.decoder, draft), memories[0], memories[1], [p for p, _ in prompts],
             [s for _, s in prompts], LogitRules.whisper(self.vocab, timestamps), sampler_for(temperature),
-            k if draft else 0, self.vocab.eot, self.vocab.no_speech, generator=generator, stop_below=draft_stop)
+            k if draft else 0, self.vocab.eot, self.vocab.no_speech, generator=generator, stop_below=draft_stop, prefixes=prefixes,
+            hints=hints)
 
     def _needs_fallback(self, r: RowResult, o: TranscribeOptions) -> bool:
         cr = compression_ratio(self.target.tokenizer.decode(r.tokens))

@@ -64,13 +64,13 @@ PROMPTS = [[50258, 50259, 50359], [50258, 50259, 50359, 50363], [50361, 100, 200
            [50258, 50259, 50358, 50363]]
 
 
-def _decode(model, draft, prompts, timestamps, k, sample_len=40, stop_below=0.0):
+def _decode(model, draft, prompts, timestamps, k, sample_len=40, stop_below=0.0, prefixes=None, hints=None):
     v = model.vocab
     mem = _memory(len(prompts))
     sot = [p.index(v.sot) for p in prompts]
     return speculative_decode(Decoders(model.decoder, draft.decoder if draft else None), mem, mem, prompts, sot,
                               LogitRules.whisper(v, timestamps), Greedy(), k, v.eot, v.no_speech, sample_len,
-                              stop_below=stop_below)
+                              stop_below=stop_below, prefixes=prefixes, hints=hints)
 
 
 @pytest.mark.parametrize("timestamps", [False, True])
@@ -108,3 +108,28 @@ def test_rows_finish_independently_and_respect_sample_len(tiny_target):
         out = _decode(tiny_target, load_draft("layers:0,1", tiny_target), prompts, True, k, sample_len=7)
         assert all(len(r.tokens) <= 7 for r in out)
         assert [r.tokens for r in out] == [r.tokens for r in _decode(tiny_target, None, prompts, True, 0, 7)]
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_hints_are_free_drafts_and_never_change_the_output(tiny_target, k):
+    """Streaming re-decodes verify the previous hypothesis first: right, half right or wrong hints,
+    with or without a draft after them, give the target's own greedy tokens."""
+    prompts = PROMPTS[:2]
+    draft = load_draft("layers:0", tiny_target) if k else None
+    ref = _decode(tiny_target, None, prompts, True, 0)
+    truth = [r.tokens for r in ref]
+    for hints in (truth, [t[: len(t) // 2] + [5, 6, 7] for t in truth], [[9, 9, 9]] * 2, [truth[0], []]):
+        out = _decode(tiny_target, draft, prompts, True, k, hints=hints)
+        assert [r.tokens for r in out] == truth
+    out = _decode(tiny_target, draft, prompts, True, k, hints=truth)
+    # every token (and the end-of-text) is an accepted hint or the one token each target pass adds
+    assert all(r.stats.hint_accepted + r.stats.target_passes == len(r.tokens) + 1 for r in out)
+    assert all(r.stats.target_passes < x.stats.target_passes for r, x in zip(out, ref))
+
+
+def test_a_prefix_is_forced_and_continued_like_the_target_would(tiny_target):
+    prompts = PROMPTS[:2]
+    full = _decode(tiny_target, None, prompts, True, 0)
+    prefixes = [r.tokens[:3] for r in full]
+    out = _decode(tiny_target, load_draft("layers:0,1", tiny_target), prompts, True, 3, prefixes=prefixes)
+    assert [r.tokens for r in out] == [r.tokens for r in full]  # greedy: forcing its own start changes nothing

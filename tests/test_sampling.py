@@ -52,14 +52,16 @@ def exact_joint(temperature: float) -> torch.Tensor:
 
 
 def sampled_pairs(sampler: Rejection, k: int, seed: int, stop_below: float = 0.0, rows: int = N,
-                  stats: list[RowStats] | None = None, draft: StaticDecoder = DRAFT) -> torch.Tensor:
+                  stats: list[RowStats] | None = None, draft: StaticDecoder = DRAFT,
+                  hint: list[int] | None = None) -> torch.Tensor:
     """N samples, decoded in batches of ``rows`` (small batches let adaptive draft length vary per batch)."""
     generator = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(N // rows):
         out += speculative_decode(Decoders(TARGET, draft), MEMORY.expand(rows, -1, -1), MEMORY.expand(rows, -1, -1),
                                   [PROMPT] * rows, [0] * rows, RULES, sampler, k, VOCAB.eot, VOCAB.no_speech,
-                                  sample_len=2, generator=generator, stop_below=stop_below)
+                                  sample_len=2, generator=generator, stop_below=stop_below,
+                                  hints=[hint] * rows if hint else None)
     if stats is not None:
         stats += [r.stats for r in out]
     return torch.tensor([(r.tokens + [VOCAB.eot])[:2] for r in out])
@@ -124,6 +126,14 @@ def test_a_reduced_vocabulary_draft_keeps_sampling_exact():
     pairs = sampled_pairs(Rejection(1.0), 3, seed=5, draft=short)
     assert set(pairs[:, 0].tolist()) - set(ids.tolist())  # the target's corrections reach other tokens
     assert chi_square_pvalue(pairs, exact_joint(1.0)) > FALSE_ALARM
+
+
+def test_hint_tokens_keep_sampling_exact():
+    """A fixed guess (a streaming hypothesis) is verified first, with one-hot proposal probabilities."""
+    joint = exact_joint(1.0)
+    likely = int(joint.sum(1).argmax())
+    pairs = sampled_pairs(Rejection(1.0), 3, seed=3, hint=[likely, int(joint[likely].argmax())])
+    assert chi_square_pvalue(pairs, joint) > FALSE_ALARM
 
 
 @pytest.mark.parametrize("broken", [AlwaysAccept, ResampleFromTarget])

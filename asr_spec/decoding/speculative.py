@@ -23,10 +23,12 @@ class RowStats:
     accepted: int = 0
     rejected: int = 0
     tokens: int = 0
-    accepted_at: list[int] = field(default_factory=list)  # accepted drafts per pass
+    hint_drafted: int = 0  # hint tokens verified (streaming: the previous hypothesis)
+    hint_accepted: int = 0
+    accepted_at: list[int] = field(default_factory=list)  # accepted drafts per draft pass
 
     def add(self, other: "RowStats") -> None:
-        for name in ("target_passes", "drafted", "accepted", "rejected", "tokens"):
+        for name in ("target_passes", "drafted", "accepted", "rejected", "tokens", "hint_drafted", "hint_accepted"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.accepted_at.extend(other.accepted_at)
 
@@ -58,6 +60,55 @@ def _gather(seq: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return seq.gather(1, index)
 
 
+HINT_K = 8  # most hint tokens verified per pass
+
+
+def _draft_proposals(draft: StaticDecoder, d_cache, seq: torch.Tensor, n: torch.Tensor, dn: torch.Tensor,
+                     rows: list[int], sampled: list[list[int]], rules: LogitRules, sampler, k: int,
+                     stop_below: float, vocab_size: int, generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Up to ``k`` draft tokens per row [m, kk] and their distributions over the vocabulary (sampling).
+    The draft first catches up on the tokens its cache lacks (positions dn..n-1, ragged: rows with a
+    shorter gap re-feed cached positions, which is harmless)."""
+    m = len(rows)
+    width = int((n - dn).max())
+    fpos = ((n - width)[:, None] + torch.arange(width, device=n.device)).clamp(min=0)
+    feed = _gather(seq, fpos)
+    cols = draft.columns  # the draft works in its own output columns (a shortlist, or all tokens)
+    proposals, dists = [], []
+    for j in range(k):
+        logits = draft(d_cache, feed, fpos, fpos.new_full((m, 1), feed.shape[1] - 1), shortlist=True)[:, 0]
+        ctx = [sampled[r] + x for r, x in zip(rows, torch.stack(proposals, 1).tolist())] if j else [sampled[r] for r in rows]
+        processed = rules(logits.float(), ctx, cols)
+        c, dist = sampler.propose(processed, generator)
+        x = c if cols.ids is None else cols.ids[c]
+        proposals.append(x)
+        dists.append(dist)
+        if stop_below > 0 and j + 1 < k:
+            belief = torch.softmax(processed, dim=-1).gather(1, c[:, None])
+            if bool((belief < stop_below).all()):
+                break
+        feed, fpos = x[:, None], (n + j)[:, None]
+    q = None
+    if dists[0] is not None:
+        q = torch.stack(dists, dim=1)
+        if cols.ids is not None:
+            q = q.new_zeros(*q.shape[:2], vocab_size).index_copy_(2, cols.ids, q)
+    return torch.stack(proposals, dim=1), q
+
+
+def _hint_proposals(hints: list[list[int]], generated: list[int], rows: list[int], eot: int,
+                    vocab_size: int, with_q: bool, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The next hint tokens of every row (padded with end-of-text); as proposals they are deterministic,
+    so their "distribution" is one-hot, which keeps rejection sampling exact."""
+    width = min(HINT_K, max(len(hints[r]) - generated[r] for r in rows))
+    drafts = torch.tensor([(hints[r][generated[r]:generated[r] + width] + [eot] * width)[:width] for r in rows],
+                          dtype=torch.long, device=device)
+    q = None
+    if with_q:
+        q = torch.zeros(*drafts.shape, vocab_size, device=device).scatter_(2, drafts[:, :, None], 1.0)
+    return drafts, q
+
+
 @torch.inference_mode()
 def speculative_decode(
     decoders: Decoders,
@@ -73,18 +124,28 @@ def speculative_decode(
     sample_len: int = 224,
     generator: torch.Generator | None = None,
     stop_below: float = 0.0,
+    prefixes: list[list[int]] | None = None,
+    hints: list[list[int]] | None = None,
 ) -> list[RowResult]:
     """Decode one continuation per prompt. ``*_memory`` are the encoder outputs [B, S, D] the target
     and the draft cross-attend to; ``sot_index[b]`` is where <|startoftranscript|> sits in prompt b.
     Adaptive draft length: a pass drafts at most ``k`` tokens and stops early once the draft gives
     every live row's proposal a probability below ``stop_below`` (the target verifies whatever was
-    drafted, so the output does not depend on it)."""
+    drafted, so the output does not depend on it). ``prefixes[b]`` forces the start of row b's
+    continuation (Whisper's prefix): appended to the prompt, seen by the rules as already sampled, and
+    included in the result's tokens. ``hints[b]`` is a guess of row b's continuation after the prefix
+    (a streaming re-decode's previous hypothesis, end-of-text implied): while every live row still
+    follows its hint, passes verify hint tokens instead of running the draft (free drafts; exact all
+    the same)."""
     target, draft = decoders.target, decoders.draft if k > 0 else None
     dev = target.device
     b = len(prompts)
+    prefixes = prefixes or [[] for _ in prompts]
+    hints = [h + [eot] if h else [] for h in hints] if hints else [[] for _ in prompts]  # a hypothesis ends
+    prompts = [p + f for p, f in zip(prompts, prefixes)]
     k = k if draft is not None else 0
     max_pos = target.max_positions
-    capacity = max_pos + k + 2
+    capacity = max_pos + max(k, HINT_K) + 2
     t_cache = target.new_cache(target_memory, capacity)
     d_cache = draft.new_cache(draft_memory, capacity) if draft is not None else None
 
@@ -92,7 +153,9 @@ def speculative_decode(
     for i, p in enumerate(prompts):
         seq[i, : len(p)] = torch.tensor(p)
     n = torch.tensor([len(p) for p in prompts], device=dev)
-    sampled: list[list[int]] = [[] for _ in range(b)]
+    sampled: list[list[int]] = [list(f) for f in prefixes]
+    generated = [0] * b  # tokens sampled after the prefix
+    following = [bool(h) for h in hints]  # the row's tokens so far match its hint
     sum_logprob = [0.0] * b
     stats = [RowStats() for _ in range(b)]
     results: list[RowResult | None] = [None] * b
@@ -109,6 +172,7 @@ def speculative_decode(
         no_speech_prob = torch.softmax(first[:, 0].float(), dim=-1)[:, no_speech].tolist()
         if d_cache is not None:
             draft(d_cache, seq[:, :width], pos, pos.new_zeros(b, 0))
+    dn = n - 1  # positions the draft's cache holds
     sot_last = [i for i in range(b) if sot_index[i] == len(prompts[i]) - 1]
 
     live = torch.arange(b, device=dev)  # original row ids of the rows still decoding
@@ -117,29 +181,13 @@ def speculative_decode(
         m = len(rows)
         drafts = torch.empty(m, 0, dtype=torch.long, device=dev)
         q = None
-        if d_cache is not None:
-            fpos = torch.stack([(n - 2).clamp(min=0), n - 1], dim=1)
-            feed = _gather(seq, fpos)
-            cols = draft.columns  # the draft works in its own output columns (a shortlist, or all tokens)
-            proposals, dists = [], []
-            for j in range(k):
-                logits = draft(d_cache, feed, fpos, fpos.new_full((m, 1), feed.shape[1] - 1), shortlist=True)[:, 0]
-                ctx = [sampled[r] + x for r, x in zip(rows, torch.stack(proposals, 1).tolist())] if j else [sampled[r] for r in rows]
-                processed = rules(logits.float(), ctx, cols)
-                c, dist = sampler.propose(processed, generator)
-                x = c if cols.ids is None else cols.ids[c]
-                proposals.append(x)
-                dists.append(dist)
-                if stop_below > 0 and j + 1 < k:
-                    belief = torch.softmax(processed, dim=-1).gather(1, c[:, None])
-                    if bool((belief < stop_below).all()):
-                        break
-                feed, fpos = x[:, None], (n + j)[:, None]
-            drafts = torch.stack(proposals, dim=1)
-            if dists[0] is not None:  # the draft's distributions, over the full vocabulary for verification
-                q = torch.stack(dists, dim=1)
-                if cols.ids is not None:
-                    q = q.new_zeros(*q.shape[:2], target.vocab_size).index_copy_(2, cols.ids, q)
+        hinted = all(following[r] and len(hints[r]) > generated[r] for r in rows)
+        if hinted:
+            drafts, q = _hint_proposals(hints, generated, rows, eot, target.vocab_size,
+                                        isinstance(sampler, Rejection), dev)
+        elif d_cache is not None:
+            drafts, q = _draft_proposals(draft, d_cache, seq, n, dn, rows, sampled, rules, sampler, k, stop_below,
+                                         target.vocab_size, generator)
 
         kk = drafts.shape[1]
         vfeed = torch.cat([_gather(seq, (n - 1)[:, None]), drafts], dim=1)
@@ -170,16 +218,24 @@ def speculative_decode(
                 new = new[: new.index(eot) + 1]
             st = stats[r]
             st.target_passes += 1
-            st.drafted += kk
             judged_accepts = min(a, len(new))
-            st.accepted += judged_accepts
-            st.accepted_at.append(judged_accepts)
-            if a < kk and len(new) == a + 1:
-                st.rejected += 1
+            if hinted:
+                st.hint_drafted += kk
+                st.hint_accepted += judged_accepts
+            else:
+                st.drafted += kk
+                st.accepted += judged_accepts
+                st.accepted_at.append(judged_accepts)
+                if a < kk and len(new) == a + 1:
+                    st.rejected += 1
+                dn[i] = n[i] + min(a, kk - 1) if kk else dn[i]
             sum_logprob[r] += sum(token_lp[i][: len(new)])
             seq[i, int(n[i]): int(n[i]) + len(new)] = torch.tensor(new, device=dev)
             n[i] += len(new)
+            if following[r]:
+                following[r] = hints[r][generated[r]:generated[r] + len(new)] == new
             sampled[r].extend(new)
+            generated[r] += len(new)
             if ended or len(new) == room:
                 toks = sampled[r][:-1] if ended else sampled[r]
                 st.tokens = len(toks)
@@ -188,7 +244,7 @@ def speculative_decode(
                 keep.append(i)
         if len(keep) < m:
             idx = torch.tensor(keep, dtype=torch.long, device=dev)
-            live, seq, n = live[idx], seq[idx], n[idx]
+            live, seq, n, dn = live[idx], seq[idx], n[idx], dn[idx]
             t_cache = t_cache.select(idx)
             if d_cache is not None:
                 d_cache = d_cache.select(idx)

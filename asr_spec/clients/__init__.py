@@ -1,0 +1,1 @@
+"""Clients of asr_spec serve: file streaming and the live microphone."""

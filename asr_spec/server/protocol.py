@@ -1,0 +1,100 @@
+"""The WebSocket protocol's messages (docs/protocol.md): parsing and validation of what clients send,
+and the audio decoding of binary frames."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import soxr
+
+from ..audio import SAMPLE_RATE
+
+ENCODINGS = {"pcm_s16le": (np.dtype("<i2"), 32768.0), "f32le": (np.dtype("<f4"), 1.0)}
+TASKS = ("transcribe", "translate")
+
+
+class ProtocolError(Exception):
+    """A client mistake: sent back as an ``error`` event with ``code``; the session goes on."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+    def event(self) -> dict:
+        return {"type": "error", "code": self.code, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Start:
+    sample_rate: int = SAMPLE_RATE
+    encoding: str = "pcm_s16le"
+    channels: int = 1
+    language: str | None = "en"
+    task: str = "transcribe"
+    interim_results: bool = True
+
+
+def parse_message(text: str) -> dict:
+    try:
+        msg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ProtocolError("bad_json", f"not JSON: {e.msg} at position {e.pos}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+        raise ProtocolError("bad_message", 'a message is a JSON object with a string "type"')
+    if msg["type"] not in ("start", "finalize", "close"):
+        raise ProtocolError("unknown_type", f"unknown message type {msg['type']!r} (start, finalize, close)")
+    return msg
+
+
+def parse_start(msg: dict, languages: set[str] | None) -> Start:
+    known = {"type", "sample_rate", "encoding", "channels", "language", "task", "interim_results"}
+    if extra := sorted(set(msg) - known):
+        raise ProtocolError("bad_start", f"unknown start fields: {', '.join(extra)}")
+    d = Start()
+    rate = msg.get("sample_rate", d.sample_rate)
+    if not isinstance(rate, int) or isinstance(rate, bool) or not 8000 <= rate <= 192000:
+        raise ProtocolError("bad_sample_rate", "sample_rate must be an integer from 8000 to 192000 Hz")
+    encoding = msg.get("encoding", d.encoding)
+    if encoding not in ENCODINGS:
+        raise ProtocolError("bad_encoding", f"encoding must be one of {', '.join(ENCODINGS)}")
+    channels = msg.get("channels", d.channels)
+    if channels not in (1, 2):
+        raise ProtocolError("bad_channels", "channels must be 1 or 2 (stereo is mixed down)")
+    language = msg.get("language", d.language)
+    if language is not None and (not isinstance(language, str) or (languages is not None and language not in languages)):
+        raise ProtocolError("bad_language", f"unknown language {language!r}")
+    task = msg.get("task", d.task)
+    if task not in TASKS:
+        raise ProtocolError("bad_task", "task must be transcribe or translate")
+    interim = msg.get("interim_results", d.interim_results)
+    if not isinstance(interim, bool):
+        raise ProtocolError("bad_start", "interim_results must be true or false")
+    return Start(rate, encoding, channels, language, task, interim)
+
+
+class AudioDecoder:
+    """Binary frames in the session's encoding -> 16 kHz mono float32, resampled as one continuous stream."""
+
+    def __init__(self, start: Start):
+        self.dtype, self.scale = ENCODINGS[start.encoding]
+        self.channels = start.channels
+        self.frame_bytes = self.dtype.itemsize * self.channels
+        self.resampler = soxr.ResampleStream(start.sample_rate, SAMPLE_RATE, 1, dtype="float32") \
+            if start.sample_rate != SAMPLE_RATE else None
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        if len(data) % self.frame_bytes:
+            raise ProtocolError("bad_frame", f"a frame must hold whole samples: {len(data)} bytes is not a multiple "
+                                f"of {self.frame_bytes} ({self.dtype.itemsize}-byte samples x {self.channels} channels)")
+        x = np.frombuffer(data, dtype=self.dtype).astype(np.float32) / self.scale
+        if not np.isfinite(x).all():
+            raise ProtocolError("bad_frame", "audio samples must be finite numbers")
+        x = x.reshape(-1, self.channels).mean(axis=1)
+        return self.resampler.resample_chunk(x) if self.resampler is not None else x
+
+    def finish(self) -> np.ndarray:
+        """What the resampler still holds at the end of the stream."""
+        if self.resampler is None:
+            return np.zeros(0, dtype=np.float32)
+        return self.resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)

@@ -1,0 +1,303 @@
+"""One live audio stream: a growing buffer re-decoded as audio arrives, LocalAgreement-2 commits.
+
+Per re-decode the target continues after the tokens already committed in the buffer (forced as a
+prefix), so a hypothesis is committed text + a continuation. The longest common prefix of this
+continuation and the previous one (cut back to a word boundary) is committed and sent as a ``final``;
+the rest is the ``partial``. The buffer is trimmed at the end of a committed segment once it grows
+past ``trim_s``; committed text that leaves the buffer becomes the prompt. Voice activity detection
+drops silence and ends utterances. Memory is bounded: the buffer by ``max_buffer_s``, the prompt by
+Whisper's context, the statistics are counters.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..audio import SAMPLE_RATE
+from ..decoding.speculative import RowResult, RowStats
+from ..features import TOKEN_SECONDS
+from .vad import VoiceActivity
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    language: str | None = "en"  # None: detect at the start of each utterance (multilingual models)
+    task: str = "transcribe"
+    interim: bool = True  # send partial results
+    step_s: float = 1.0  # re-decode once this much new audio has arrived
+    end_silence_s: float = 0.6  # trailing silence that ends an utterance
+    trim_s: float = 12.0  # trim the buffer at committed segment ends once it is longer than this
+    max_buffer_s: float = 24.0  # a longer buffer is flushed whole (Whisper sees at most 30 s)
+    vad: bool = True
+    vad_threshold: float = 0.5
+    preroll_s: float = 0.3  # audio kept before detected speech
+    use_hint: bool = True  # the previous continuation drafts the next re-decode
+
+
+@dataclass
+class Segment:
+    start: float
+    end: float
+    text: str
+
+
+@dataclass
+class Event:
+    type: str  # "partial" or "final"
+    text: str
+    start: float
+    end: float
+    segments: list[Segment] = field(default_factory=list)
+    end_of_utterance: bool = False
+
+    def as_dict(self) -> dict:
+        d = {"type": self.type, "text": self.text, "start": round(self.start, 3), "end": round(self.end, 3)}
+        if self.type == "final":
+            d["segments"] = [{"start": round(s.start, 3), "end": round(s.end, 3), "text": s.text} for s in self.segments]
+            d["end_of_utterance"] = self.end_of_utterance
+        return d
+
+
+@dataclass
+class Request:
+    """What one re-decode of a stream needs: its audio, prompt context and forced prefix."""
+    audio: np.ndarray
+    context: list[int]
+    language: str | None
+    task: str
+    prefix: list[int]
+    hint: list[int]
+    final: bool
+
+
+@dataclass
+class StreamStats:
+    audio_s: float = 0.0
+    decodes: int = 0
+    utterances: int = 0
+    decode: RowStats = field(default_factory=RowStats)
+    final_latency_s: deque = field(default_factory=lambda: deque(maxlen=1000))  # emission - arrival of its end
+
+    def as_dict(self) -> dict:
+        d, lat = self.decode, sorted(self.final_latency_s)
+        pct = lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))], 3) if lat else None  # noqa: E731
+        return {"audio_seconds": round(self.audio_s, 3), "decodes": self.decodes, "utterances": self.utterances,
+                "tokens": d.tokens, "target_passes": d.target_passes, "drafted": d.drafted, "accepted": d.accepted,
+                "acceptance": round(d.alpha, 4), "final_latency_median_s": pct(0.5), "final_latency_p90_s": pct(0.9)}
+
+
+class Stream:
+    """State of one stream. ``feed`` audio; when ``due()`` the engine decodes ``request()`` and hands the
+    result to ``apply``, which returns the events to send."""
+
+    def __init__(self, config: StreamConfig, tokenizer):
+        self.config = config
+        self.vocab, self.tokenizer = tokenizer.vocab, tokenizer
+        self.language = config.language  # detected per utterance when None
+        self.vad = VoiceActivity(config.vad_threshold) if config.vad else None
+        self.audio = np.zeros(0, dtype=np.float32)
+        self.start = 0.0  # stream time of audio[0]
+        self.speech = not config.vad  # speech somewhere in the buffer
+        self.last_voiced = -1.0  # stream time of the end of the last voiced chunk
+        self.silence_s = 0.0  # trailing non-speech
+        self.since_decode = 0.0  # audio seconds since the audio of the last decode request
+        self.committed: list[int] = []  # tokens committed in the buffer (timestamps relative to its start)
+        self.context: list[int] = []  # text tokens committed before the buffer (the prompt)
+        self.previous: list[int] = []  # the last continuation, for LocalAgreement-2 and as a draft hint
+        self.partial = ""
+        self.flush_requested = False
+        self.flushes = 0  # completed flushes
+        self.stats = StreamStats()
+        self.arrivals: deque[tuple[float, float]] = deque(maxlen=4096)  # (stream time, wall time) of arrivals
+        self._word_start: dict[int, bool] = {}
+
+    # --- audio in -------------------------------------------------------------------------------------
+    @property
+    def received_s(self) -> float:
+        return self.stats.audio_s
+
+    def feed(self, audio: np.ndarray) -> None:
+        audio = np.asarray(audio, dtype=np.float32)
+        self.audio = np.concatenate([self.audio, audio])
+        self.stats.audio_s += len(audio) / SAMPLE_RATE
+        self.arrivals.append((self.stats.audio_s, time.monotonic()))
+        self.since_decode += len(audio) / SAMPLE_RATE
+        if self.vad is not None:
+            flags = self.vad(audio)
+            chunk_s = VoiceActivity.CHUNK / SAMPLE_RATE
+            for i, voiced in enumerate(flags):
+                if voiced:
+                    self.speech, self.silence_s = True, 0.0
+                    self.last_voiced = self.stats.audio_s - (len(flags) - 1 - i) * chunk_s
+                else:
+                    self.silence_s += chunk_s
+            if not self.speech and not self.committed:  # only silence so far: keep a short pre-roll
+                keep = int(self.config.preroll_s * SAMPLE_RATE)
+                if len(self.audio) > keep:
+                    self.start += (len(self.audio) - keep) / SAMPLE_RATE
+                    self.audio = self.audio[-keep:]
+                self.since_decode = 0.0
+
+    def flush(self) -> None:
+        """Decode what is buffered to the end (``finalize`` / ``close``)."""
+        self.flush_requested = True
+
+    # --- scheduling -----------------------------------------------------------------------------------
+    @property
+    def buffer_s(self) -> float:
+        return len(self.audio) / SAMPLE_RATE
+
+    def due(self) -> str | None:
+        """"final" (decode and commit everything), "partial" (re-decode), or None (nothing to do yet)."""
+        c = self.config
+        if self.flush_requested:
+            return "final"
+        if not self.speech:
+            return None
+        if self.vad is not None and self.silence_s >= c.end_silence_s:
+            return "final"
+        if self.buffer_s >= c.max_buffer_s:
+            return "final"
+        return "partial" if self.since_decode >= c.step_s else None
+
+    def request(self, kind: str) -> Request:
+        hint = self.previous if self.config.use_hint else []
+        self.since_decode = 0.0  # audio arriving while this decode runs counts toward the next one
+        return Request(self.audio, list(self.context), self.language, self.config.task, list(self.committed), hint,
+                       kind == "final")
+
+    # --- results --------------------------------------------------------------------------------------
+    def apply(self, request: Request, result: RowResult, language: str | None = None) -> list[Event]:
+        self.stats.decodes += 1
+        self.stats.decode.add(result.stats)
+        self.language = language or self.language
+        cont = result.tokens[len(request.prefix):]
+        if result.no_speech_prob > 0.6 and result.avg_logprob < -1.0:
+            cont = []  # Whisper's no-speech rule: nothing was said
+        if request.final:
+            return self._commit_all(cont, len(request.audio))
+        agreed = self._agreement(cont, self.previous)
+        events = []
+        if agreed:
+            events.append(self._final(agreed, end_of_utterance=False))
+            self.committed += agreed
+        self.previous = cont[len(agreed):]
+        events += self._partial_event()
+        events += self._trim()
+        return events
+
+    def _commit_all(self, cont: list[int], decoded: int) -> list[Event]:
+        """Commit the whole continuation and drop the ``decoded`` samples from the buffer: the utterance
+        ended (trailing silence or a flush), or the buffer is full while speech goes on (then
+        ``end_of_utterance`` is false). Audio that arrived during the decode stays."""
+        ended = self.flush_requested or decoded < self.config.max_buffer_s * SAMPLE_RATE or not self.config.vad
+        events = []
+        if cont or self.flush_requested:
+            events.append(self._final(cont, end_of_utterance=ended, decoded=decoded))
+        self.context = (self.context + self._text(self.committed + cont))[-224:]
+        self.start += decoded / SAMPLE_RATE
+        self.audio = self.audio[decoded:]
+        self.committed, self.previous, self.partial = [], [], ""
+        self.speech = not self.config.vad or self.last_voiced > self.start
+        if not self.speech:
+            self.silence_s = 0.0
+        if ended:
+            self.language = self.config.language
+        if self.flush_requested:
+            self.flushes += 1
+        self.flush_requested = False
+        self.stats.utterances += 1 if ended else 0
+        return events
+
+    @property
+    def silent(self) -> bool:
+        """Nothing worth decoding: no speech in the buffer and nothing committed from it."""
+        return not self.speech and not self.committed
+
+    def flush_silent(self) -> list[Event]:
+        """Complete a flush of a silent buffer without decoding it."""
+        return self._commit_all([], len(self.audio))
+
+    def _agreement(self, cont: list[int], previous: list[int]) -> list[int]:
+        """LocalAgreement-2: the common prefix of two successive continuations, cut back to a word boundary
+        (the token after the cut starts a word or is a timestamp)."""
+        n = 0
+        while n < min(len(cont), len(previous)) and cont[n] == previous[n]:
+            n += 1
+        while n > 0 and (n >= len(cont) or not self._boundary(cont[n])):
+            n -= 1
+        return cont[:n]
+
+    def _boundary(self, token: int) -> bool:
+        if token >= self.vocab.eot:
+            return True
+        if token not in self._word_start:
+            piece = self.tokenizer.id_to_token(token) or ""
+            self._word_start[token] = piece.startswith("Ġ") or not piece[:1].isalnum()
+        return self._word_start[token]
+
+    def _partial_event(self) -> list[Event]:
+        if not self.config.interim:
+            return []
+        text = self.tokenizer.decode(self.previous).strip()
+        if text == self.partial:
+            return []
+        self.partial = text
+        return [Event("partial", text, self._time_of_end(self.committed), self.start + self.buffer_s)]
+
+    def _final(self, tokens: list[int], end_of_utterance: bool, decoded: int | None = None) -> Event:
+        """A final for newly committed ``tokens``: text, time span and segments (split at timestamps).
+        Without a closing timestamp the span ends where the decoded audio ended."""
+        tb = self.vocab.timestamp_begin
+        begin = self._time_of_end(self.committed)
+        closed = bool(tokens) and tokens[-1] >= tb
+        end = self._abs(tokens[-1]) if closed else self.start + (len(self.audio) if decoded is None else decoded) / SAMPLE_RATE
+        segments, start, part = [], begin, []
+        for t in tokens + [None]:
+            if t is None or t >= tb:
+                stop = end if t is None else self._abs(t)
+                if text := self.tokenizer.decode(part).strip():
+                    segments.append(Segment(start, stop, text))
+                part, start = [], stop
+            else:
+                part.append(t)
+        text = self.tokenizer.decode(tokens).strip()
+        if closed and text:  # latency: now minus when the audio at the final's end arrived
+            arrived = next((w for t, w in self.arrivals if t >= end - 1e-6), None)
+            if arrived is not None:
+                self.stats.final_latency_s.append(time.monotonic() - arrived)
+        if end_of_utterance:
+            self.partial = ""
+        return Event("final", text, begin, max(begin, end), segments, end_of_utterance)
+
+    def _trim(self) -> list[Event]:
+        """Cut the buffer after the last committed segment that is closed by a timestamp pair."""
+        if self.buffer_s <= self.config.trim_s:
+            return []
+        tb = self.vocab.timestamp_begin
+        c = self.committed
+        cut = next((i for i in range(len(c) - 2, -1, -1) if c[i] >= tb and c[i + 1] >= tb), None)
+        if cut is None:
+            return []
+        shift = c[cut] - tb
+        samples = int(round(shift * TOKEN_SECONDS * SAMPLE_RATE))
+        self.context = (self.context + self._text(c[:cut + 1]))[-224:]
+        rebase = lambda ts: [t - shift if t >= tb else t for t in ts]  # noqa: E731
+        self.committed, self.previous = rebase(c[cut + 1:]), rebase(self.previous)
+        self.audio = self.audio[samples:]
+        self.start += samples / SAMPLE_RATE
+        return []
+
+    # --- helpers --------------------------------------------------------------------------------------
+    def _text(self, tokens: list[int]) -> list[int]:
+        return [t for t in tokens if t < self.vocab.eot]
+
+    def _abs(self, timestamp: int) -> float:
+        return self.start + (timestamp - self.vocab.timestamp_begin) * TOKEN_SECONDS
+
+    def _time_of_end(self, tokens: list[int]) -> float:
+        stamps = [t for t in tokens if t >= self.vocab.timestamp_begin]
+        return self._abs(stamps[-1]) if stamps else self.start

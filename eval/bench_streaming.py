@@ -1,0 +1,231 @@
+"""Streaming benchmarks (issue 5): latency at real-time pace, simultaneous sessions, streaming WER.
+
+    python eval/bench_streaming.py [--sessions 1,2,4,6] [--seconds 40] [--limit N] [--threads 2]
+                                   [--out eval/results/streaming]
+
+1. Streaming vs offline WER: every dev utterance and the long-form file streamed through the engine
+   (0.5 s chunks, re-decoded every ``--step`` s of audio, as a real-time stream with instant decoding
+   would be), against ``asr_spec transcribe``'s offline output of the same audio.
+2. Latency and capacity: a real ``asr_spec serve`` (in-process, loopback) and N WebSocket clients, each
+   sending ``--seconds`` of dev speech (utterances joined by 0.6 s pauses) paced at real time. For every
+   word of the final transcript: its end time is estimated inside its final segment (Whisper gives
+   segment, not word, times: linear in characters), its partial latency is when it first appeared at
+   its position in committed + partial text minus that time, its final latency when it was committed.
+   Sustained = the engine's busy time stays below the stream duration (RTF < 1) for N streams at once.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import threading
+import time
+from pathlib import Path
+
+import jiwer
+import numpy as np
+import torch
+from whisper_normalizer.english import EnglishTextNormalizer
+
+from asr_spec.audio import load_audio
+from asr_spec.models.loader import default_draft, load_draft, load_target
+from asr_spec.server.app import Server, ServerConfig
+from asr_spec.streaming.engine import Engine, stream_audio
+from asr_spec.streaming.stream import StreamConfig
+from asr_spec.transcribe import TranscribeOptions, Transcriber
+
+ROOT = Path(__file__).resolve().parents[1]
+DEV = ROOT.parent / "shared" / "data" / "dev"
+normalize = EnglishTextNormalizer()
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9']+", text.lower())
+
+
+def wer_pair(ref: list[str], hyp: list[str]) -> float:
+    refs = [normalize(r) for r in ref]
+    keep = [i for i, r in enumerate(refs) if r.strip()]
+    return jiwer.wer([refs[i] for i in keep], [normalize(hyp[i]) for i in keep])
+
+
+def streaming_wer(tr: Transcriber, items: list[dict], root: Path, step: float, compare_hints: bool = False) -> dict:
+    """Offline vs streamed WER; with ``compare_hints`` also the streaming cost without hint drafts."""
+    refs, offline, streamed = [], [], []
+    cost: dict[bool, dict] = {}
+    for use_hint in (True, False) if compare_hints else (True,):
+        engine, passes, hinted, texts = Engine(tr), 0, 0, []
+        for it in items:
+            audio = load_audio(root / it["audio"])
+            events = stream_audio(engine, audio, StreamConfig(step_s=step, use_hint=use_hint), stats=(st := []))
+            passes += sum(s.decode.target_passes for s in st)
+            hinted += sum(s.decode.hint_accepted for s in st)
+            texts.append(" ".join(e.text for e in events if e.type == "final" and e.text))
+        cost[use_hint] = {"engine_busy_s": round(engine.busy_s, 2), "target_passes": passes, "hint_tokens_accepted": hinted}
+        streamed = streamed or texts
+    for it in items:
+        refs.append(it["text"])
+        offline.append(tr.transcribe(load_audio(root / it["audio"]), TranscribeOptions(language="en")).text)
+    out = {"utterances": len(items), "wer_offline": round(100 * wer_pair(refs, offline), 2),
+           "wer_streaming": round(100 * wer_pair(refs, streamed), 2),
+           "wer_streaming_vs_offline": round(100 * wer_pair(offline, streamed), 2), "with_hints": cost[True]}
+    if compare_hints:
+        out["without_hints"] = cost[False]
+    return out
+
+
+def speech(items: list[dict], seconds: float, offset: int) -> np.ndarray:
+    parts, total, i = [], 0.0, offset
+    while total < seconds:
+        a = load_audio(DEV / items[i % len(items)]["audio"])
+        parts += [a, np.zeros(int(0.6 * 16000), np.float32)]
+        total += len(a) / 16000 + 0.6
+        i += 1
+    return np.concatenate(parts)
+
+
+def client(url: str, audio: np.ndarray, log: list) -> None:
+    from websockets.sync.client import connect
+
+    frame = 1600  # 100 ms
+    with connect(url, max_size=None) as ws:
+        ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "pcm_s16le"}))
+        json.loads(ws.recv())
+        t0 = time.monotonic()
+
+        def reader():
+            try:
+                while True:
+                    log.append((time.monotonic() - t0, json.loads(ws.recv())))
+            except Exception:
+                pass
+
+        r = threading.Thread(target=reader, daemon=True)
+        r.start()
+        for i in range(0, len(audio), frame):
+            wait = t0 + i / 16000 - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            ws.send((np.clip(audio[i:i + frame], -1, 1) * 32767).astype("<i2").tobytes())
+        ws.send(json.dumps({"type": "close"}))
+        r.join(600)
+
+
+def word_latencies(log: list) -> tuple[list[float], list[float]]:
+    """(partial latencies, final latencies) of every word of the final transcript."""
+    finals, committed, first_seen, final_at = [], [], {}, {}
+    for t, e in log:
+        if e["type"] == "final":
+            for seg in e["segments"]:
+                w = words(seg["text"])
+                n = sum(len(x) for x in w) or 1
+                acc = 0
+                for x in w:
+                    acc += len(x)
+                    finals.append((x, seg["start"] + (seg["end"] - seg["start"]) * acc / n))
+            for x in words(e["text"]):
+                final_at[len(committed)] = t
+                committed.append(x)
+            hyp = committed
+        elif e["type"] == "partial":
+            hyp = committed + words(e["text"])
+        else:
+            continue
+        for i, x in enumerate(hyp):
+            first_seen.setdefault((i, x), t)
+    partial, final = [], []
+    for i, (x, end) in enumerate(finals):
+        if i in final_at and (i, x) in first_seen:
+            partial.append(first_seen[(i, x)] - end)
+            final.append(final_at[i] - end)
+    return partial, final
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else None
+
+
+def capacity(tr: Transcriber, items: list[dict], n: int, seconds: float, step: float) -> dict:
+    server = Server(Engine(tr), ServerConfig(port=0, max_sessions=n + 1, step_s=step))
+    ready = threading.Event()
+    th = threading.Thread(target=lambda: asyncio.run(server.serve_forever(ready)), daemon=True)
+    th.start()
+    ready.wait(30)
+    url = f"ws://127.0.0.1:{server.port}"
+    logs = [[] for _ in range(n)]
+    audios = [speech(items, seconds, 7 * i) for i in range(n)]
+    t0 = time.monotonic()
+    clients = [threading.Thread(target=client, args=(url, a, log)) for a, log in zip(audios, logs)]
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join()
+    wall = time.monotonic() - t0
+    busy = server.engine.busy_s
+    server.stop()
+    th.join(10)
+    partial, final, lag = [], [], []
+    for a, log in zip(audios, logs):
+        p, f = word_latencies(log)
+        partial += p
+        final += f
+        closed = [t for t, e in log if e["type"] == "closed"]
+        lag.append(closed[-1] - len(a) / 16000 if closed else float("nan"))
+    duration = max(len(a) for a in audios) / 16000
+    return {"sessions": n, "stream_seconds": round(duration, 1), "wall_seconds": round(wall, 1),
+            "engine_busy_seconds": round(busy, 1), "rtf": round(busy / duration, 3),
+            "words": len(final), "partial_latency_median_s": pct(partial, 0.5), "partial_latency_p90_s": pct(partial, 0.9),
+            "final_latency_median_s": pct(final, 0.5), "final_latency_p90_s": pct(final, 0.9),
+            "close_lag_max_s": round(max(lag), 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sessions", default="1,2,4,6")
+    ap.add_argument("--seconds", type=float, default=40.0, help="audio per session in the capacity runs")
+    ap.add_argument("--step", type=float, default=StreamConfig.step_s)
+    ap.add_argument("--limit", type=int, default=0, help="dev utterances for the WER part (0 = all)")
+    ap.add_argument("--skip-wer", action="store_true")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=str(ROOT / "eval" / "results" / "streaming"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    target = load_target()
+    tr = Transcriber(target, load_draft(default_draft("whisper-base"), target))
+    items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
+    results: dict = {"step_s": args.step, "threads": args.threads, "cpu": "2-core CPU"}
+    if not args.skip_wer:
+        dev = items[: args.limit] if args.limit else items
+        results["wer_dev"] = streaming_wer(tr, dev, DEV, args.step)
+        print("dev", results["wer_dev"], flush=True)
+        long_items = [json.loads(x) for x in (DEV / "longform" / "manifest.jsonl").read_text().splitlines()]
+        results["wer_longform"] = streaming_wer(tr, long_items, DEV / "longform", args.step, compare_hints=True)
+        print("long-form", results["wer_longform"], flush=True)
+    results["capacity"] = []
+    for n in (int(x) for x in args.sessions.split(",")):
+        row = capacity(tr, items, n, args.seconds, args.step)
+        print(row, flush=True)
+        results["capacity"].append(row)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    lines = ["# Streaming benchmark", "", f"`python eval/bench_streaming.py` · step {args.step} s · {args.threads} threads", ""]
+    for key in ("wer_dev", "wer_longform"):
+        if key in results:
+            r = results[key]
+            lines.append(f"- {key}: {r['utterances']} file(s), WER offline {r['wer_offline']} %, streaming "
+                         f"{r['wer_streaming']} %, streaming vs offline {r['wer_streaming_vs_offline']} %; "
+                         f"with hints {r['with_hints']}" + (f", without {r['without_hints']}" if "without_hints" in r else ""))
+    lines += ["", "| sessions | RTF (engine busy / stream) | partial latency median / p90 s | final latency median / p90 s "
+              "| words | close lag max s |", "|---|---|---|---|---|---|"]
+    for r in results["capacity"]:
+        lines.append(f"| {r['sessions']} | {r['rtf']} | {r['partial_latency_median_s']} / {r['partial_latency_p90_s']} | "
+                     f"{r['final_latency_median_s']} / {r['final_latency_p90_s']} | {r['words']} | {r['close_lag_max_s']} |")
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

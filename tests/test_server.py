@@ -1,0 +1,226 @@
+"""`asr_spec serve` for real: the server on loopback with the embedded models, real WebSocket clients."""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+import urllib.request
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import soxr
+from conftest import DEV
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+from whisper_normalizer.english import EnglishTextNormalizer
+
+from asr_spec.audio import load_audio
+from asr_spec.models.loader import default_draft, load_draft
+from asr_spec.server.app import Server, ServerConfig
+from asr_spec.streaming.engine import Engine
+from asr_spec.transcribe import TranscribeOptions, Transcriber
+
+normalize = EnglishTextNormalizer()
+JFK = DEV / "jfk-inaugural-1961-ask-not.wav"
+
+
+@pytest.fixture(scope="module")
+def transcriber(base_model):
+    return Transcriber(base_model, load_draft(default_draft("whisper-base"), base_model))
+
+
+@contextmanager
+def running(transcriber, **config):
+    server = Server(Engine(transcriber), ServerConfig(port=0, **config))
+    ready = threading.Event()
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve_forever(ready)), daemon=True)
+    thread.start()
+    assert ready.wait(30), "server did not start"
+    try:
+        yield server, f"ws://127.0.0.1:{server.port}"
+    finally:
+        server.stop()
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def server(transcriber):
+    with running(transcriber, max_sessions=5, idle_timeout_s=30) as s:
+        yield s
+
+
+def pcm16(audio: np.ndarray) -> bytes:
+    return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def recv(ws, timeout=60.0) -> dict:
+    return json.loads(ws.recv(timeout=timeout))
+
+
+def stream_file(url: str, audio: np.ndarray, speed: float = 4.0, frame_s: float = 0.1, **start) -> list[dict]:
+    """Send ``audio`` as 16-bit PCM frames at ``speed`` x real time, close, and return every event."""
+    events: list[dict] = []
+    with connect(url, max_size=None) as ws:
+        ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "pcm_s16le", **start}))
+        assert recv(ws)["type"] == "ready"
+        reader = threading.Thread(target=lambda: _collect(ws, events), daemon=True)
+        reader.start()
+        step = int(frame_s * 16000)
+        for i in range(0, len(audio), step):
+            ws.send(pcm16(audio[i:i + step]))
+            time.sleep(frame_s / speed)
+        ws.send(json.dumps({"type": "close"}))
+        reader.join(300)
+    return events
+
+
+def _collect(ws, events: list[dict]) -> None:
+    try:
+        while True:
+            events.append(recv(ws, timeout=300))
+    except ConnectionClosed:
+        pass
+
+
+def final_text(events: list[dict]) -> str:
+    return " ".join(e["text"] for e in events if e["type"] == "final" and e["text"])
+
+
+def test_streamed_file_gives_the_offline_transcript(server, transcriber):
+    _, url = server
+    audio = load_audio(JFK)
+    events = stream_file(url, audio)
+    kinds = [e["type"] for e in events]
+    assert kinds[-1] == "closed" and "final" in kinds and "partial" in kinds
+    offline = transcriber.transcribe(audio, TranscribeOptions(language="en")).text
+    streamed = final_text(events)
+    print(f"offline:  {offline}\nstreamed: {streamed}")
+    assert normalize(streamed) == normalize(offline)
+    finals = [e for e in events if e["type"] == "final"]
+    assert finals[-1]["end_of_utterance"]
+    assert all(isinstance(e[k], float | int) for e in finals for k in ("start", "end"))
+    assert all(a["end"] <= b["start"] + 1e-6 for a, b in zip(finals, finals[1:]))  # no overlap, in order
+    closed = events[-1]
+    assert closed["audio_seconds"] == pytest.approx(len(audio) / 16000, abs=0.2) and closed["tokens"] > 0
+    assert closed["accepted"] > 0  # the draft drafted
+
+
+def test_four_concurrent_sessions_all_complete(server):
+    _, url = server
+    files = sorted(DEV.glob("LJ001-000*.wav"))[:4]
+    results: dict[str, list[dict]] = {}
+    threads = [threading.Thread(target=lambda f=f: results.__setitem__(f.name, stream_file(url, load_audio(f), 3.0)))
+               for f in files]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert len(results) == 4
+    for name, events in results.items():
+        assert events[-1]["type"] == "closed", name
+        assert final_text(events).strip(), name
+
+
+def test_every_bad_input_gets_an_error_and_the_session_survives(server):
+    _, url = server
+    with connect(url) as ws:
+        ws.send(b"\x00\x01")
+        assert recv(ws)["code"] == "not_started"
+        ws.send("this is not json")
+        assert recv(ws)["code"] == "bad_json"
+        ws.send(json.dumps([1, 2]))
+        assert recv(ws)["code"] == "bad_message"
+        ws.send(json.dumps({"type": "dance"}))
+        assert recv(ws)["code"] == "unknown_type"
+        ws.send(json.dumps({"type": "finalize"}))
+        assert recv(ws)["code"] == "not_started"
+        for bad, code in (({"sample_rate": 5}, "bad_sample_rate"), ({"encoding": "mp3"}, "bad_encoding"),
+                          ({"channels": 6}, "bad_channels"), ({"language": "xx"}, "bad_language"),
+                          ({"task": "summarize"}, "bad_task"), ({"colour": "red"}, "bad_start")):
+            ws.send(json.dumps({"type": "start", **bad}))
+            assert recv(ws)["code"] == code
+        ws.send(json.dumps({"type": "start", "sample_rate": 8000, "channels": 2}))  # resampled, mixed down
+        assert recv(ws)["type"] == "ready"
+        ws.send(json.dumps({"type": "start"}))
+        assert recv(ws)["code"] == "already_started"
+        ws.send(b"\x00\x01\x02")  # not whole stereo 16-bit samples
+        assert recv(ws)["code"] == "bad_frame"
+        ws.send(bytes(300 * 1024))
+        assert recv(ws)["code"] == "frame_too_large"
+        audio = soxr.resample(load_audio(JFK), 16000, 8000)
+        stereo = np.repeat(audio[:, None], 2, axis=1).reshape(-1)
+        for i in range(0, len(stereo), 1600):
+            ws.send(pcm16(stereo[i:i + 1600]))
+        ws.send(json.dumps({"type": "finalize"}))
+        events = []
+        while not (events and events[-1]["type"] == "final" and events[-1]["end_of_utterance"]):
+            events.append(recv(ws))
+        assert "ask not what your country" in normalize(final_text(events))
+        ws.send(json.dumps({"type": "close"}))
+        while (e := recv(ws))["type"] != "closed":
+            pass
+        assert e["audio_seconds"] == pytest.approx(11.0, abs=0.3)
+
+
+def test_abrupt_disconnects_do_not_hurt_the_server(server):
+    srv, url = server
+    for _ in range(2):
+        ws = connect(url)
+        ws.send(json.dumps({"type": "start"}))
+        recv(ws)
+        ws.send(pcm16(load_audio(JFK)[:32000]))
+        ws.socket.shutdown(socket.SHUT_RDWR)  # no close frame
+        ws.socket.close()
+    deadline = time.time() + 30
+    while srv.sessions and time.time() < deadline:
+        time.sleep(0.1)
+    assert not srv.sessions
+    events = stream_file(url, load_audio(JFK)[:48000], speed=8)
+    assert events[-1]["type"] == "closed"
+
+
+def test_max_sessions_refuses_clearly(server):
+    _, url = server
+    held = [connect(url) for _ in range(5)]
+    try:
+        with connect(url) as extra:
+            e = recv(extra, timeout=10)
+            assert e["type"] == "error" and e["code"] == "server_full"
+            with pytest.raises(ConnectionClosed) as closed:
+                extra.recv(timeout=10)
+            assert closed.value.rcvd.code == 1013
+    finally:
+        for ws in held:
+            ws.close()
+
+
+def test_health_and_metrics_over_http(server):
+    _, url = server
+    http = url.replace("ws://", "http://")
+    assert urllib.request.urlopen(f"{http}/healthz", timeout=10).read() == b"ok\n"
+    m = json.loads(urllib.request.urlopen(f"{http}/metrics", timeout=10).read())
+    assert {"sessions", "audio_seconds", "rtf", "acceptance"} <= m.keys()
+    assert m["audio_seconds"] > 0 and m["sessions_total"] > 0
+
+
+def test_bearer_token_idle_timeout_and_oversized_messages(transcriber):
+    with running(transcriber, api_key="s3cret", idle_timeout_s=1.5, max_message_bytes=64 * 1024) as (_, url):
+        with pytest.raises(InvalidStatus) as refused:
+            connect(url)
+        assert refused.value.response.status_code == 401
+        with connect(url, additional_headers={"Authorization": "Bearer s3cret"}) as ws:
+            ws.send(json.dumps({"type": "start"}))
+            assert recv(ws)["type"] == "ready"
+            assert recv(ws, timeout=10)["code"] == "idle_timeout"
+            with pytest.raises(ConnectionClosed):
+                ws.recv(timeout=10)
+        with connect(f"{url}/?api_key=s3cret") as ws:  # the browser way
+            ws.send(json.dumps({"type": "start"}))
+            assert recv(ws)["type"] == "ready"
+            ws.send(bytes(100 * 1024))
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+            assert closed.value.rcvd.code == 1009
