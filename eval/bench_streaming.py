@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import json
 import re
 import threading
@@ -112,18 +113,24 @@ def client(url: str, audio: np.ndarray, log: list) -> None:
         r.join(600)
 
 
-def word_latencies(log: list) -> tuple[list[float], list[float]]:
-    """(partial latencies, final latencies) of every word of the final transcript."""
-    finals, committed, first_seen, final_at = [], [], {}, {}
+def word_times(tr: Transcriber, audio: np.ndarray) -> list[tuple[str, float]]:
+    """(word, estimated end time) from the offline transcript: linear in characters inside each segment."""
+    out = []
+    for seg in tr.transcribe(audio, TranscribeOptions(language="en")).segments:
+        w = words(seg.text)
+        total, acc = sum(len(x) for x in w) or 1, 0
+        for x in w:
+            acc += len(x)
+            out.append((x, seg.start + (seg.end - seg.start) * acc / total))
+    return out
+
+
+def word_latencies(log: list, timed: list[tuple[str, float]]) -> tuple[list[float], list[float]]:
+    """(partial latencies, final latencies) of the final transcript's words that align with the offline
+    transcript's words (which carry the time estimates)."""
+    committed, first_seen, final_at = [], {}, {}
     for t, e in log:
         if e["type"] == "final":
-            for seg in e["segments"]:
-                w = words(seg["text"])
-                n = sum(len(x) for x in w) or 1
-                acc = 0
-                for x in w:
-                    acc += len(x)
-                    finals.append((x, seg["start"] + (seg["end"] - seg["start"]) * acc / n))
             for x in words(e["text"]):
                 final_at[len(committed)] = t
                 committed.append(x)
@@ -135,9 +142,11 @@ def word_latencies(log: list) -> tuple[list[float], list[float]]:
         for i, x in enumerate(hyp):
             first_seen.setdefault((i, x), t)
     partial, final = [], []
-    for i, (x, end) in enumerate(finals):
-        if i in final_at and (i, x) in first_seen:
-            partial.append(first_seen[(i, x)] - end)
+    match = difflib.SequenceMatcher(a=committed, b=[w for w, _ in timed], autojunk=False)
+    for block in match.get_matching_blocks():
+        for d in range(block.size):
+            i, end = block.a + d, timed[block.b + d][1]
+            partial.append(first_seen[(i, committed[i])] - end)
             final.append(final_at[i] - end)
     return partial, final
 
@@ -168,7 +177,7 @@ def capacity(tr: Transcriber, items: list[dict], n: int, seconds: float, step: f
     th.join(10)
     partial, final, lag = [], [], []
     for a, log in zip(audios, logs):
-        p, f = word_latencies(log)
+        p, f = word_latencies(log, word_times(tr, a))
         partial += p
         final += f
         closed = [t for t, e in log if e["type"] == "closed"]

@@ -108,6 +108,7 @@ class Stream:
         self.context: list[int] = []  # text tokens committed before the buffer (the prompt)
         self.previous: list[int] = []  # the last continuation, for LocalAgreement-2 and as a draft hint
         self.partial = ""
+        self.emitted_end = 0.0  # end time of the last final sent
         self.flush_requested = False
         self.flushes = 0  # completed flushes
         self.stats = StreamStats()
@@ -246,19 +247,22 @@ class Stream:
         if text == self.partial:
             return []
         self.partial = text
-        return [Event("partial", text, self._time_of_end(self.committed), self.start + self.buffer_s)]
+        begin = max(self._time_of_end(self.committed), self.emitted_end)
+        return [Event("partial", text, begin, max(begin, self.start + self.buffer_s))]
 
     def _final(self, tokens: list[int], end_of_utterance: bool, decoded: int | None = None) -> Event:
         """A final for newly committed ``tokens``: text, time span and segments (split at timestamps).
-        Without a closing timestamp the span ends where the decoded audio ended."""
+        Without a closing timestamp the span ends where the decoded audio ended (an estimate); finals
+        never overlap."""
         tb = self.vocab.timestamp_begin
-        begin = self._time_of_end(self.committed)
+        begin = max(self._time_of_end(self.committed), self.emitted_end)
         closed = bool(tokens) and tokens[-1] >= tb
         end = self._abs(tokens[-1]) if closed else self.start + (len(self.audio) if decoded is None else decoded) / SAMPLE_RATE
+        end = max(end, begin)
         segments, start, part = [], begin, []
         for t in tokens + [None]:
             if t is None or t >= tb:
-                stop = end if t is None else self._abs(t)
+                stop = end if t is None else min(max(self._abs(t), start), end)
                 if text := self.tokenizer.decode(part).strip():
                     segments.append(Segment(start, stop, text))
                 part, start = [], stop
@@ -271,7 +275,8 @@ class Stream:
                 self.stats.final_latency_s.append(time.monotonic() - arrived)
         if end_of_utterance:
             self.partial = ""
-        return Event("final", text, begin, max(begin, end), segments, end_of_utterance)
+        self.emitted_end = end
+        return Event("final", text, begin, end, segments, end_of_utterance)
 
     def _trim(self) -> list[Event]:
         """Cut the buffer after the last committed segment that is closed by a timestamp pair."""

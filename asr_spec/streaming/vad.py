@@ -1,6 +1,7 @@
 """Voice activity: Silero VAD (the ``silero-vad`` package ships its model) over 32 ms chunks."""
 from __future__ import annotations
 
+import warnings
 from functools import lru_cache
 
 import numpy as np
@@ -22,7 +23,9 @@ class VoiceActivity:
     CHUNK = 512
 
     def __init__(self, threshold: float = 0.5):
-        self.model = torch.jit.load(_model_path(), map_location="cpu").eval()
+        with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript loading; the model ships as one
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.model = torch.jit.load(_model_path(), map_location="cpu").eval()
         self.threshold = threshold
         self._rest = np.zeros(0, dtype=np.float32)
 
