@@ -108,6 +108,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
 
 def cmd_mic(args: argparse.Namespace) -> int:
+    from .audio import AudioError
     from .clients.mic import FileSource, LiveLine, MicError, Microphone, list_devices, run_local, run_remote
 
     try:
@@ -116,7 +117,7 @@ def cmd_mic(args: argparse.Namespace) -> int:
             return 0
         device = int(args.device) if args.device and args.device.isdigit() else args.device
         source = FileSource(args.input_file) if args.input_file else Microphone(device)
-    except MicError as e:
+    except (MicError, AudioError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     display = LiveLine()

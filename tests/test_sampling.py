@@ -120,7 +120,7 @@ def test_adaptive_draft_length_keeps_sampling_exact():
 
 
 def test_a_reduced_vocabulary_draft_keeps_sampling_exact():
-    """The draft proposes among 20 of the 48 tokens (its own columns); the target still gets p exactly."""
+    """The draft proposes among 18 of the 48 tokens (its own columns); the target still gets p exactly."""
     ids = torch.tensor(sorted(set(range(0, V, 3)) | {VOCAB.eot, VOCAB.no_timestamps}))
     short = StaticDecoder(DRAFT.decoder, DRAFT.head_w[ids], head_ids=ids)
     pairs = sampled_pairs(Rejection(1.0), 3, seed=5, draft=short)

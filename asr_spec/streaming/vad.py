@@ -23,9 +23,11 @@ class VoiceActivity:
     CHUNK = 512
 
     def __init__(self, threshold: float = 0.5):
+        threads = torch.get_num_threads()
         with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript loading; the model ships as one
             warnings.simplefilter("ignore", DeprecationWarning)
             self.model = torch.jit.load(_model_path(), map_location="cpu").eval()
+        torch.set_num_threads(threads)  # loading the model sets torch's thread count to 1
         self.threshold = threshold
         self._rest = np.zeros(0, dtype=np.float32)
 

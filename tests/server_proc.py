@@ -1,0 +1,41 @@
+"""A real `asr_spec serve` subprocess on a free loopback port, for client tests."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve(*args: str):
+    """Yield the ws:// URL of a running server; stop it afterwards."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "asr_spec.cli", "serve", "--port", str(port), *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"asr_spec serve did not start: {proc.stderr.read()}")
+            time.sleep(0.3)
+    try:
+        yield f"ws://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()

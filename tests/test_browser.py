@@ -1,0 +1,88 @@
+"""The browser page for real: Debian's headless Chromium, its fake microphone playing a dev-set recording,
+driven by Selenium against a real `asr_spec serve`. The run saves a screenshot of the page."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from conftest import DEV
+from server_proc import serve
+
+from asr_spec.audio import load_audio
+
+SCREENSHOT = Path(__file__).parent / "artifacts" / "browser-page.png"
+
+
+def chromium() -> tuple[str, str]:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not (browser and driver):
+        pytest.fail("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver; .ci/run does)")
+    return browser, driver
+
+
+def test_the_page_streams_the_microphone_and_shows_the_words(tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser, driver_path = chromium()
+    speech = load_audio(DEV / "jfk-inaugural-1961-ask-not.wav")
+    wav = tmp_path / "mic.wav"  # the fake microphone: the clip, then quiet (Chromium loops the file)
+    sf.write(wav, np.concatenate([speech, np.zeros(4 * 16000, np.float32)]), 16000, subtype="PCM_16")
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--use-fake-ui-for-media-stream",
+                "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={wav}",
+                "--autoplay-policy=no-user-gesture-required", "--window-size=1000,700"):
+        options.add_argument(arg)
+    with serve() as url:
+        driver = webdriver.Chrome(service=Service(driver_path), options=options)
+        try:
+            driver.get(url.replace("ws://", "http://") + "/")
+            assert driver.find_element(By.ID, "state").text == "disconnected"
+            driver.find_element(By.ID, "toggle").click()
+            WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "state").text == "listening")
+            seen_partial = []
+            WebDriverWait(driver, 120, poll_frequency=0.2).until(
+                lambda d: seen_partial.append(d.find_element(By.ID, "partial").text) or
+                "what your country can do for you" in d.find_element(By.ID, "final").text.lower())
+            assert any(seen_partial), "no partial text was shown while speaking"
+            SCREENSHOT.parent.mkdir(exist_ok=True)
+            driver.save_screenshot(str(SCREENSHOT))
+            driver.find_element(By.ID, "toggle").click()
+            WebDriverWait(driver, 60).until(lambda d: "tokens" in d.find_element(By.ID, "summary").text)
+            assert driver.find_element(By.ID, "error").text == ""
+            assert driver.find_element(By.ID, "toggle").text == "Start"
+        finally:
+            driver.quit()
+    assert SCREENSHOT.stat().st_size > 10_000
+
+
+def test_the_page_shows_a_connection_failure(tmp_path):
+    """With the server gone, the person sees the state and an error, not a silent page."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser, driver_path = chromium()
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--use-fake-ui-for-media-stream",
+                "--use-fake-device-for-media-stream"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        with serve() as url:
+            driver.get(url.replace("ws://", "http://") + "/")
+        driver.find_element(By.ID, "toggle").click()  # the server is gone now
+        WebDriverWait(driver, 30).until(lambda d: "disconnected" in d.find_element(By.ID, "state").text
+                                        and d.find_element(By.ID, "error").text)
+        assert "failed" in driver.find_element(By.ID, "state").get_attribute("class")
+    finally:
+        driver.quit()

@@ -1,0 +1,74 @@
+"""The streaming engine on real speech: a long stream is trimmed (bounded buffer) and still gives the offline text."""
+from __future__ import annotations
+
+import json
+
+import jiwer
+import numpy as np
+import pytest
+from conftest import DEV
+from whisper_normalizer.english import EnglishTextNormalizer
+
+from asr_spec.audio import load_audio
+from asr_spec.models.loader import default_draft, load_draft
+from asr_spec.streaming.engine import Engine, stream_audio
+from asr_spec.streaming.stream import StreamConfig
+from asr_spec.transcribe import TranscribeOptions, Transcriber
+
+normalize = EnglishTextNormalizer()
+
+
+@pytest.fixture(scope="module")
+def transcriber(base_model):
+    return Transcriber(base_model, load_draft(default_draft("whisper-base"), base_model))
+
+
+def test_a_long_stream_is_trimmed_and_matches_the_offline_transcript(transcriber):
+    meta = json.loads((DEV / "longform" / "manifest.jsonl").read_text().splitlines()[0])
+    audio = load_audio(DEV / "longform" / meta["audio"])[: 75 * 16000]
+    engine = Engine(transcriber)
+    buffers, stats = [], []
+    orig_step = engine.step
+
+    def step():
+        with engine.lock:
+            buffers.extend(s.buffer_s for s in engine.streams.values())
+        return orig_step()
+
+    engine.step = step
+    events = stream_audio(engine, audio, StreamConfig(), stats=stats)
+    streamed = " ".join(e.text for e in events if e.type == "final" and e.text)
+    offline = transcriber.transcribe(audio, TranscribeOptions(language="en")).text
+    wer = jiwer.wer(normalize(offline), normalize(streamed))
+    print(f"streamed vs offline WER {wer:.3f}; longest buffer {max(buffers):.1f} s; {stats[0].as_dict()}")
+    assert max(buffers) <= StreamConfig.max_buffer_s + 1.5  # bounded, though the talk has few long pauses
+    finals = [e for e in events if e.type == "final"]
+    assert any(not e.end_of_utterance for e in finals) and finals[-1].end_of_utterance
+    assert all(a.end <= b.start + 1e-6 for a, b in zip(finals, finals[1:]))
+    assert stats[0].decode.hint_accepted > 0  # re-decodes verified the previous hypothesis for free
+    assert wer <= 0.05, (offline, streamed)
+
+
+def test_silence_is_skipped_without_decoding(transcriber):
+    engine = Engine(transcriber)
+    quiet = np.random.default_rng(0).normal(0, 1e-3, 10 * 16000).astype(np.float32)
+    stats = []
+    events = stream_audio(engine, quiet, StreamConfig(), stats=stats)
+    assert stats[0].decodes == 0 and all(not e.text for e in events)
+
+
+def test_voice_activity_detection_leaves_torch_threads_alone():
+    import torch
+
+    from asr_spec.streaming.vad import VoiceActivity
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        vad = VoiceActivity()
+        speech = load_audio(DEV / "jfk-inaugural-1961-ask-not.wav")[16000:48000]
+        flags = vad(np.concatenate([np.zeros(16000, np.float32), speech]))
+        assert torch.get_num_threads() == 2  # loading Silero's TorchScript model used to drop it to 1
+        assert not any(flags[:25]) and sum(flags[40:]) > 20  # silence, then speech
+    finally:
+        torch.set_num_threads(before)
