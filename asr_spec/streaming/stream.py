@@ -187,16 +187,16 @@ class Stream:
             self.committed += agreed
         self.previous = cont[len(agreed):]
         events += self._partial_event()
-        events += self._trim()
+        self._trim()
         return events
 
     def _commit_all(self, cont: list[int], decoded: int) -> list[Event]:
         """Commit the whole continuation and drop the ``decoded`` samples from the buffer: the utterance
         ended (trailing silence or a flush), or the buffer is full while speech goes on (then
         ``end_of_utterance`` is false). Audio that arrived during the decode stays."""
-        ended = self.flush_requested or decoded < self.config.max_buffer_s * SAMPLE_RATE or not self.config.vad
+        ended = self.flush_requested or decoded < self.config.max_buffer_s * SAMPLE_RATE
         events = []
-        if cont or self.flush_requested:
+        if cont or self.committed or self.flush_requested:  # every utterance ends with a final
             events.append(self._final(cont, end_of_utterance=ended, decoded=decoded))
         self.context = (self.context + self._text(self.committed + cont))[-224:]
         self.start += decoded / SAMPLE_RATE
@@ -278,15 +278,15 @@ class Stream:
         self.emitted_end = end
         return Event("final", text, begin, end, segments, end_of_utterance)
 
-    def _trim(self) -> list[Event]:
+    def _trim(self) -> None:
         """Cut the buffer after the last committed segment that is closed by a timestamp pair."""
         if self.buffer_s <= self.config.trim_s:
-            return []
+            return
         tb = self.vocab.timestamp_begin
         c = self.committed
         cut = next((i for i in range(len(c) - 2, -1, -1) if c[i] >= tb and c[i + 1] >= tb), None)
         if cut is None:
-            return []
+            return
         shift = c[cut] - tb
         samples = int(round(shift * TOKEN_SECONDS * SAMPLE_RATE))
         self.context = (self.context + self._text(c[:cut + 1]))[-224:]
@@ -294,7 +294,6 @@ class Stream:
         self.committed, self.previous = rebase(c[cut + 1:]), rebase(self.previous)
         self.audio = self.audio[samples:]
         self.start += samples / SAMPLE_RATE
-        return []
 
     # --- helpers --------------------------------------------------------------------------------------
     def _text(self, tokens: list[int]) -> list[int]:
