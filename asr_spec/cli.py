@@ -36,7 +36,7 @@ def _load_models(args: argparse.Namespace):
 
     t0 = time.perf_counter()
     try:
-        target = load_target(args.model, device=args.device)
+        target = load_target(args.model, device=args.torch_device)
         draft_spec = default_draft(args.model) if args.draft == DEFAULT_DRAFT else args.draft
         draft = None if (args.no_draft or draft_spec is None) else load_draft(draft_spec, target)
     except ModelError as e:
@@ -47,12 +47,12 @@ def _load_models(args: argparse.Namespace):
     return target, draft
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
+def _model_args(p: argparse.ArgumentParser, device_flag: str = "--device") -> None:
     p.add_argument("--model", default="whisper-base", help="target: whisper-base (embedded), a local directory or a Hugging Face id")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'auto' (the one shipped for the target), a directory or id "
                    "(asr_spec distill output, decoder-only or full Whisper) or layers:I,J (untrained copy)")
     p.add_argument("--no-draft", action="store_true", help="target-only decoding (the baseline)")
-    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...)")
+    p.add_argument(device_flag, dest="torch_device", default="cpu", help="torch device (cpu, cuda, ...)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
 
 
@@ -321,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--language", default="en", help="language code, or '' to detect")
     m.add_argument("--api-key", help="bearer token for --url (or ASR_SPEC_API_KEY)")
     m.add_argument("--input-file", help="replay this audio file at real time instead of the microphone")
-    _model_args(m)
+    _model_args(m, device_flag="--torch-device")  # --device is the microphone
     m.set_defaults(func=cmd_mic)
 
     c = sub.add_parser("stream", help="send an audio file to asr_spec serve as a live stream and print the events")
