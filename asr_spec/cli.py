@@ -32,11 +32,11 @@ def _writable_dir(path: Path) -> str | None:
 
 def _load_models(args: argparse.Namespace):
     """(target, draft or None) from --model/--draft/--no-draft/--device, or None after printing the error."""
-    from .models.loader import ModelError, default_draft, load_draft, load_target
+    from .models.loader import ModelError, default_draft, load_draft, load_target, with_encoder_dtype
 
     t0 = time.perf_counter()
     try:
-        target = load_target(args.model, device=args.torch_device)
+        target = with_encoder_dtype(load_target(args.model, device=args.torch_device), args.encoder_dtype)
         draft_spec = default_draft(args.model) if args.draft == DEFAULT_DRAFT else args.draft
         draft = None if (args.no_draft or draft_spec is None) else load_draft(draft_spec, target)
     except ModelError as e:
@@ -53,6 +53,8 @@ def _model_args(p: argparse.ArgumentParser, device_flag: str = "--device") -> No
                    "(asr_spec distill output, decoder-only or full Whisper) or layers:I,J (untrained copy)")
     p.add_argument("--no-draft", action="store_true", help="target-only decoding (the baseline)")
     p.add_argument(device_flag, dest="torch_device", default="cpu", help="torch device (cpu, cuda, ...)")
+    p.add_argument("--encoder-dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="run the encoder in bfloat16: about 2x faster on CPUs with AVX512-BF16, slightly different output")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
 
 
@@ -237,6 +239,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                        systems=tuple(s.strip() for s in args.systems.split(",") if s.strip()),
                        ks=tuple(int(k) for k in args.k.split(",")),
                        draft_stops=tuple(float(p) for p in args.draft_stop.split(",")), limit=args.limit, repeat=args.repeat,
+                       encoder_dtype=args.encoder_dtype,
                        temperature=args.temperature, seeds=args.seeds, model=args.model,
                        draft=(default_draft(args.model) or "layers:0,5") if args.draft == DEFAULT_DRAFT else args.draft,
                        language=args.language or None, threads=args.threads)
@@ -339,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--systems", default="target,spec,draft,hf,hf-assisted,faster-whisper",
                    help="comma list of target, spec, spec-sample, draft, hf, hf-assisted, faster-whisper")
     e.add_argument("--k", default="3", help="comma list of K for spec (one run each)")
+    e.add_argument("--encoder-dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="encoder precision of our systems (target, spec, draft)")
     e.add_argument("--draft-stop", default="0.3", help="comma list of adaptive draft-length thresholds (one run per K and each)")
     e.add_argument("--temperature", type=float, default=0.5, help="temperature of spec-sample")
     e.add_argument("--seeds", type=int, default=1, help="spec-sample runs (seeds 0..N-1)")

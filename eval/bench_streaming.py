@@ -30,7 +30,7 @@ import torch
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from asr_spec.audio import load_audio
-from asr_spec.models.loader import default_draft, load_draft, load_target
+from asr_spec.models.loader import default_draft, load_draft, load_target, with_encoder_dtype
 from asr_spec.server.app import Server, ServerConfig
 from asr_spec.streaming.engine import Engine, stream_audio
 from asr_spec.streaming.stream import StreamConfig
@@ -198,13 +198,14 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=0, help="dev utterances for the WER part (0 = all)")
     ap.add_argument("--skip-wer", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--encoder-dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--out", default=str(ROOT / "eval" / "results" / "streaming"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    target = load_target()
+    target = with_encoder_dtype(load_target(), args.encoder_dtype)
     tr = Transcriber(target, load_draft(default_draft("whisper-base"), target))
     items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
-    results: dict = {"step_s": args.step, "threads": args.threads, "cpu": "2-core CPU"}
+    results: dict = {"step_s": args.step, "threads": args.threads, "encoder_dtype": args.encoder_dtype}
     if not args.skip_wer:
         dev = items[: args.limit] if args.limit else items
         results["wer_dev"] = streaming_wer(tr, dev, DEV, args.step)
@@ -217,10 +218,11 @@ def main() -> None:
         row = capacity(tr, items, n, args.seconds, args.step)
         print(row, flush=True)
         results["capacity"].append(row)
-    out = Path(args.out)
+    out = Path(args.out + ("" if args.encoder_dtype == "float32" else f"-{args.encoder_dtype}"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    lines = ["# Streaming benchmark", "", f"`python eval/bench_streaming.py` · step {args.step} s · {args.threads} threads", ""]
+    lines = ["# Streaming benchmark", "", f"`python eval/bench_streaming.py` · step {args.step} s · {args.threads} threads"
+             f" · encoder {args.encoder_dtype}", ""]
     for key in ("wer_dev", "wer_longform"):
         if key in results:
             r = results[key]

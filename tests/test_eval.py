@@ -52,15 +52,15 @@ def test_three_clip_smoke_run_writes_the_report(tmp_path):
                         "--k", "2", "--draft", "layers:0,1,2,3,5"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr
     res = json.loads((out / "results.json").read_text())
-    assert set(res["systems"]) == {"target", "spec-k2"}
-    spec = res["systems"]["spec-k2"]
+    assert set(res["systems"]) == {"target", "spec-k2-stop0.3"}  # K=2 with the default adaptive draft length
+    spec = res["systems"]["spec-k2-stop0.3"]
     assert spec["identical_to_target"] == 3 and spec["utterances"] == 3
     assert spec["wer"] == res["systems"]["target"]["wer"]
     assert 0 < spec["alpha"] <= 1 and spec["tokens_per_pass"] > 1
     for key in ("cpu", "threads", "git_commit", "torch"):
         assert key in res["environment"]
     md = (out / "report.md").read_text()
-    assert "| spec-k2 |" in md and "identical to target" in md
+    assert "| spec-k2-stop0.3 |" in md and "identical to target" in md
     for png in ("speedup_vs_k.png", "acceptance_by_position.png", "time_split.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 

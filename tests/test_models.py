@@ -93,3 +93,19 @@ def test_ct2_reader_reads_the_embedded_checkpoint_and_rejects_truncation(tmp_pat
     cut.write_bytes(part1.read_bytes()[:100_000])
     with pytest.raises(ValueError, match="truncated"):
         read_model_bin([cut])
+
+
+def test_a_bfloat16_encoder_is_a_close_float32_producing_copy(tiny_target):
+    import torch
+
+    from asr_spec.models.loader import ModelError, with_encoder_dtype
+
+    assert with_encoder_dtype(tiny_target, "float32") is tiny_target
+    fast = with_encoder_dtype(tiny_target, "bfloat16")
+    mel = torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(0))
+    ref, out = tiny_target.encode(mel), fast.encode(mel)
+    assert out.dtype == torch.float32 and out.shape == ref.shape
+    assert 0 < (out - ref).abs().max() < 0.1 * ref.abs().max()  # really lower precision, still the same encoder
+    assert next(tiny_target.encoder.parameters()).dtype == torch.float32  # the original is untouched
+    with pytest.raises(ModelError, match="encoder dtype"):
+        with_encoder_dtype(tiny_target, "int4")

@@ -30,6 +30,7 @@ class Setup:
     draft: str
     language: str | None
     threads: int
+    encoder_dtype: str = "float32"  # our systems' encoder precision
 
 
 @dataclass
@@ -81,10 +82,10 @@ def build(spec: SystemSpec, setup: Setup) -> Transcribe:
 
 
 def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
-    from ..models.loader import load_draft, load_target
+    from ..models.loader import load_draft, load_target, with_encoder_dtype
     from ..transcribe import TranscribeOptions, Transcriber
 
-    target = load_target(setup.model)
+    target = with_encoder_dtype(load_target(setup.model), setup.encoder_dtype)
     draft = load_draft(setup.draft, target) if spec.kind != "target" else None
     tr = Transcriber(draft.alone(target)) if spec.kind == "draft" else Transcriber(target, draft)
     start = spec.temperature

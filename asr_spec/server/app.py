@@ -27,6 +27,7 @@ from .protocol import AudioDecoder, ProtocolError, parse_message, parse_start
 
 log = logging.getLogger("asr_spec.serve")
 STATIC = Path(__file__).parent / "static"
+FLUSH_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,10 @@ class Session:
             done = engine.streams[self.sid].flushes + 1
         engine.flush(self.sid)
         self.server._wake.set()
+        deadline = time.monotonic() + FLUSH_TIMEOUT_S
         while self.flushes_delivered < done:
+            if time.monotonic() > deadline:
+                raise ProtocolError("flush_timeout", f"the stream could not be decoded within {FLUSH_TIMEOUT_S:g} s")
             await asyncio.sleep(0.01)
         await self._drain()
 
