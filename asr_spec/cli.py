@@ -32,11 +32,12 @@ def _writable_dir(path: Path) -> str | None:
 
 def _load_models(args: argparse.Namespace):
     """(target, draft or None) from --model/--draft/--no-draft/--device, or None after printing the error."""
-    from .models.loader import ModelError, default_draft, load_draft, load_target, with_encoder_dtype
+    from .models.loader import ModelError, default_draft, load_draft, load_target, resolve_encoder_dtype, with_encoder_dtype
 
     t0 = time.perf_counter()
     try:
-        target = with_encoder_dtype(load_target(args.model, device=args.torch_device), args.encoder_dtype)
+        dtype = resolve_encoder_dtype(args.encoder_dtype, args.torch_device)
+        target = with_encoder_dtype(load_target(args.model, device=args.torch_device), dtype)
         draft_spec = default_draft(args.model) if args.draft == DEFAULT_DRAFT else args.draft
         draft = None if (args.no_draft or draft_spec is None) else load_draft(draft_spec, target)
     except ModelError as e:
@@ -47,14 +48,15 @@ def _load_models(args: argparse.Namespace):
     return target, draft
 
 
-def _model_args(p: argparse.ArgumentParser, device_flag: str = "--device") -> None:
+def _model_args(p: argparse.ArgumentParser, device_flag: str = "--device", encoder_dtype: str = "float32") -> None:
     p.add_argument("--model", default="whisper-base", help="target: whisper-base (embedded), a local directory or a Hugging Face id")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'auto' (the one shipped for the target), a directory or id "
                    "(asr_spec distill output, decoder-only or full Whisper) or layers:I,J (untrained copy)")
     p.add_argument("--no-draft", action="store_true", help="target-only decoding (the baseline)")
     p.add_argument(device_flag, dest="torch_device", default="cpu", help="torch device (cpu, cuda, ...)")
-    p.add_argument("--encoder-dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="run the encoder in bfloat16: about 2x faster on CPUs with AVX512-BF16, slightly different output")
+    p.add_argument("--encoder-dtype", choices=["float32", "bfloat16", "auto"], default=encoder_dtype,
+                   help="encoder precision: bfloat16 is about 2x faster on CPUs with AVX512-BF16 (slightly different "
+                   f"output); auto = bfloat16 where the device computes it natively (default {encoder_dtype})")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
 
 
@@ -314,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--step", type=float, default=1.0, help="re-decode a stream after this many seconds of new audio")
     v.add_argument("--max-batch", type=int, default=8, help="most streams decoded in one batch")
     v.add_argument("--idle-timeout", type=float, default=60.0, help="close sessions silent for this many seconds")
-    _model_args(v)
+    _model_args(v, encoder_dtype="auto")  # streaming re-runs the encoder often: latency first
     v.set_defaults(func=cmd_serve)
 
     m = sub.add_parser("mic", help="live microphone transcription in the terminal")
@@ -324,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--language", default="en", help="language code, or '' to detect")
     m.add_argument("--api-key", help="bearer token for --url (or ASR_SPEC_API_KEY)")
     m.add_argument("--input-file", help="replay this audio file at real time instead of the microphone")
-    _model_args(m, device_flag="--torch-device")  # --device is the microphone
+    _model_args(m, device_flag="--torch-device", encoder_dtype="auto")  # --device is the microphone
     m.set_defaults(func=cmd_mic)
 
     c = sub.add_parser("stream", help="send an audio file to asr_spec serve as a live stream and print the events")

@@ -109,3 +109,14 @@ def test_a_bfloat16_encoder_is_a_close_float32_producing_copy(tiny_target):
     assert next(tiny_target.encoder.parameters()).dtype == torch.float32  # the original is untouched
     with pytest.raises(ModelError, match="encoder dtype"):
         with_encoder_dtype(tiny_target, "int4")
+
+
+def test_auto_encoder_dtype_follows_the_cpu():
+    from pathlib import Path
+
+    from asr_spec.models.loader import resolve_encoder_dtype
+
+    flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "").split()
+    native = "avx512_bf16" in flags or "amx_bf16" in flags
+    assert resolve_encoder_dtype("auto", "cpu") == ("bfloat16" if native else "float32")
+    assert resolve_encoder_dtype("float32", "cpu") == "float32" and resolve_encoder_dtype("bfloat16") == "bfloat16"

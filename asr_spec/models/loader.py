@@ -163,6 +163,24 @@ class LowPrecisionEncoder(nn.Module):
 ENCODER_DTYPES = ("float32", "bfloat16")
 
 
+def fast_bfloat16(device: str | torch.device = "cpu") -> bool:
+    """Whether ``device`` computes bfloat16 natively (CUDA with bf16, or a CPU with AVX512-BF16 or AMX)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu" or not os.path.exists("/proc/cpuinfo"):
+        return False
+    flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_encoder_dtype(choice: str, device: str | torch.device = "cpu") -> str:
+    """``auto``: bfloat16 where the device computes it natively, else float32; other choices as given."""
+    if choice == "auto":
+        return "bfloat16" if fast_bfloat16(device) else "float32"
+    return choice
+
+
 def with_encoder_dtype(target: Whisper, dtype: str) -> Whisper:
     """``target`` with its encoder in ``dtype`` (one of ENCODER_DTYPES); the decoders stay as they are."""
     if dtype not in ENCODER_DTYPES:
