@@ -116,10 +116,6 @@ class Stream:
         self._word_start: dict[int, bool] = {}
 
     # --- audio in -------------------------------------------------------------------------------------
-    @property
-    def received_s(self) -> float:
-        return self.stats.audio_s
-
     def feed(self, audio: np.ndarray) -> None:
         audio = np.asarray(audio, dtype=np.float32)
         self.audio = np.concatenate([self.audio, audio])
