@@ -103,7 +103,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     try:
-        events = stream_file(args.url, audio, args.realtime, printer(args.json), args.language or None,
+        events = stream_file(args.url, audio, 1.0 if args.realtime else None, printer(args.json), args.language or None,
                              args.api_key or os.environ.get("ASR_SPEC_API_KEY"))
     except (OSError, InvalidURI, InvalidStatus, TimeoutError) as e:
         print(f"error: cannot stream to {args.url}: {e}", file=sys.stderr)

@@ -30,6 +30,7 @@ import torch
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from asr_spec.audio import load_audio
+from asr_spec.clients.stream import stream_file
 from asr_spec.models.loader import default_draft, load_draft, load_target, with_encoder_dtype
 from asr_spec.server.app import Server, ServerConfig
 from asr_spec.streaming.engine import Engine, stream_audio
@@ -87,30 +88,9 @@ def speech(items: list[dict], seconds: float, offset: int) -> np.ndarray:
 
 
 def client(url: str, audio: np.ndarray, log: list) -> None:
-    from websockets.sync.client import connect
-
-    frame = 1600  # 100 ms
-    with connect(url, max_size=None) as ws:
-        ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "pcm_s16le"}))
-        json.loads(ws.recv())
-        t0 = time.monotonic()
-
-        def reader():
-            try:
-                while True:
-                    log.append((time.monotonic() - t0, json.loads(ws.recv())))
-            except Exception:
-                pass
-
-        r = threading.Thread(target=reader, daemon=True)
-        r.start()
-        for i in range(0, len(audio), frame):
-            wait = t0 + i / 16000 - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-            ws.send((np.clip(audio[i:i + frame], -1, 1) * 32767).astype("<i2").tobytes())
-        ws.send(json.dumps({"type": "close"}))
-        r.join(600)
+    """Stream ``audio`` at real time; log (seconds since the stream started, event)."""
+    t0 = time.monotonic()
+    stream_file(url, audio, 1.0, lambda e: log.append((time.monotonic() - t0, e)))
 
 
 def word_times(tr: Transcriber, audio: np.ndarray) -> list[tuple[str, float]]:

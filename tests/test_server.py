@@ -18,6 +18,7 @@ from websockets.sync.client import connect
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from asr_spec.audio import load_audio
+from asr_spec.clients.stream import stream_file as stream
 from asr_spec.models.loader import default_draft, load_draft
 from asr_spec.server.app import Server, ServerConfig
 from asr_spec.streaming.engine import Engine
@@ -60,29 +61,12 @@ def recv(ws, timeout=60.0) -> dict:
     return json.loads(ws.recv(timeout=timeout))
 
 
-def stream_file(url: str, audio: np.ndarray, speed: float = 4.0, frame_s: float = 0.1, **start) -> list[dict]:
-    """Send ``audio`` as 16-bit PCM frames at ``speed`` x real time, close, and return every event."""
-    events: list[dict] = []
-    with connect(url, max_size=None) as ws:
-        ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "pcm_s16le", **start}))
-        assert recv(ws)["type"] == "ready"
-        reader = threading.Thread(target=lambda: _collect(ws, events), daemon=True)
-        reader.start()
-        step = int(frame_s * 16000)
-        for i in range(0, len(audio), step):
-            ws.send(pcm16(audio[i:i + step]))
-            time.sleep(frame_s / speed)
-        ws.send(json.dumps({"type": "close"}))
-        reader.join(300)
+def stream_file(url: str, audio: np.ndarray, speed: float = 4.0) -> list[dict]:
+    """Send ``audio`` as 16-bit PCM frames at ``speed`` x real time with the `asr_spec stream` client, close,
+    and return every event."""
+    events = stream(url, audio, speed)
+    assert events[0]["type"] == "ready"
     return events
-
-
-def _collect(ws, events: list[dict]) -> None:
-    try:
-        while True:
-            events.append(recv(ws, timeout=300))
-    except ConnectionClosed:
-        pass
 
 
 def final_text(events: list[dict]) -> str:

@@ -11,10 +11,10 @@ import numpy as np
 FRAME_S = 0.1
 
 
-def stream_file(url: str, audio: np.ndarray, realtime: bool, on_event, language: str | None = "en",
-                api_key: str | None = None) -> list[dict]:
-    """Send 16 kHz ``audio`` in 100 ms pcm_s16le frames (paced at real time with ``realtime``), then
-    ``close``; call ``on_event`` with every event and return them all."""
+def stream_file(url: str, audio: np.ndarray, speed: float | None, on_event=lambda e: None,
+                language: str | None = "en", api_key: str | None = None) -> list[dict]:
+    """Send 16 kHz ``audio`` in 100 ms pcm_s16le frames, paced at ``speed`` x real time (None: as fast as
+    allowed), then ``close``; call ``on_event`` with every event and return them all."""
     from websockets.sync.client import connect
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
@@ -36,7 +36,7 @@ def stream_file(url: str, audio: np.ndarray, realtime: bool, on_event, language:
         frame = int(FRAME_S * 16000)
         t0 = time.monotonic()
         for i in range(0, len(audio), frame):
-            if realtime and (wait := t0 + i / 16000 - time.monotonic()) > 0:
+            if speed and (wait := t0 + i / 16000 / speed - time.monotonic()) > 0:
                 time.sleep(wait)
             ws.send((np.clip(audio[i:i + frame], -1, 1) * 32767).astype("<i2").tobytes())
         ws.send(json.dumps({"type": "close"}))
