@@ -133,3 +133,43 @@ def test_a_prefix_is_forced_and_continued_like_the_target_would(tiny_target):
     prefixes = [r.tokens[:3] for r in full]
     out = _decode(tiny_target, load_draft("layers:0,1", tiny_target), prompts, True, 3, prefixes=prefixes)
     assert [r.tokens for r in out] == [r.tokens for r in full]  # greedy: forcing its own start changes nothing
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_a_prefix_longer_than_sample_len_ends_the_row(tiny_target, k):
+    """Regression: a forced prefix that fills ``sample_len`` left a negative room and the loop spun for ever."""
+    prompts = PROMPTS[:2]
+    prefixes = [[100 + i for i in range(12)], [300, 301]]  # row 0's prefix alone exceeds sample_len=7
+    out = _guarded(lambda: _decode(tiny_target, load_draft("layers:0,1", tiny_target) if k else None, prompts,
+                                   True, k, sample_len=7, prefixes=prefixes))
+    assert out[0].tokens == prefixes[0]  # nothing was added to a full row
+    assert out[1].tokens[:2] == prefixes[1] and len(out[1].tokens) <= 7
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_prompt_and_prefix_at_the_position_limit(tiny_target, k):
+    """Prompt + prefix filling all 448 positions: at most the one token the last position predicts, then the
+    row ends; one position more is refused with a clear error instead of a hang or a crash."""
+    v, max_pos = tiny_target.vocab, tiny_target.decoder.max_positions
+    prompt = PROMPTS[0]
+    prefix = [200] * (max_pos - len(prompt))
+    draft = load_draft("layers:0,1", tiny_target) if k else None
+    out = _guarded(lambda: _decode(tiny_target, draft, [prompt, PROMPTS[1]], True, k, sample_len=10_000,
+                                   prefixes=[prefix, []]))
+    assert out[0].tokens[:len(prefix)] == prefix and len(out[0].tokens) <= len(prefix) + 1
+    assert len(out[1].tokens) >= 1
+    with pytest.raises(ValueError, match="positions"):
+        _decode(tiny_target, draft, [prompt], True, k, prefixes=[prefix + [200]])
+    assert v.eot not in out[0].tokens
+
+
+def _guarded(fn, seconds: float = 120.0):
+    """Run ``fn`` under a deadline: a decode that never ends kills the run with every thread's traceback
+    (faulthandler) instead of hanging it."""
+    import faulthandler
+
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        return fn()
+    finally:
+        faulthandler.cancel_dump_traceback_later()

@@ -145,6 +145,8 @@ def speculative_decode(
     prompts = [p + f for p, f in zip(prompts, prefixes)]
     k = k if draft is not None else 0
     max_pos = target.max_positions
+    if (longest := max(map(len, prompts))) > max_pos:
+        raise ValueError(f"prompt + prefix of {longest} tokens exceeds the decoder's {max_pos} positions")
     capacity = max_pos + max(k, HINT_K) + 2
     t_cache = target.new_cache(target_memory, capacity)
     d_cache = draft.new_cache(draft_memory, capacity) if draft is not None else None
@@ -175,7 +177,22 @@ def speculative_decode(
     dn = n - 1  # positions the draft's cache holds
     sot_last = [i for i in range(b) if sot_index[i] == len(prompts[i]) - 1]
 
+    def room(i: int, r: int) -> int:
+        """Tokens row r (batch index i) may still add: sample_len counts the prefix, the target has max_pos positions."""
+        return min(sample_len - len(sampled[r]), max_pos + 1 - int(n[i]))
+
     live = torch.arange(b, device=dev)  # original row ids of the rows still decoding
+    full = [r for r in range(b) if room(r, r) <= 0]  # a prefix that fills the room: nothing left to decode
+    for r in full:
+        stats[r].tokens = len(sampled[r])
+        results[r] = RowResult(list(sampled[r]), 0.0, no_speech_prob[r], stats[r])
+    if full:
+        idx = torch.tensor([r for r in range(b) if results[r] is None], dtype=torch.long, device=dev)
+        live, seq, n, dn = live[idx], seq[idx], n[idx], dn[idx]
+        t_cache = t_cache.select(idx)
+        if d_cache is not None:
+            d_cache = d_cache.select(idx)
+        sot_last = [r for r in idx.tolist() if r in sot_last]
     while live.numel():
         rows = live.tolist()
         m = len(rows)
@@ -193,8 +210,9 @@ def speculative_decode(
         vfeed = torch.cat([_gather(seq, (n - 1)[:, None]), drafts], dim=1)
         vpos = (n - 1)[:, None] + torch.arange(kk + 1, device=dev)
         logits = target(t_cache, vfeed, vpos).float()
-        if sot_last:  # first pass only: live == all rows here
-            probs = torch.softmax(logits[sot_last, 0], dim=-1)[:, no_speech].tolist()
+        if sot_last:  # first pass only: row ids of the rows still live
+            at = [rows.index(r) for r in sot_last]
+            probs = torch.softmax(logits[at, 0], dim=-1)[:, no_speech].tolist()
             for r, prob in zip(sot_last, probs):
                 no_speech_prob[r] = prob
             sot_last = []
@@ -211,8 +229,8 @@ def speculative_decode(
         keep = []
         for i, r in enumerate(rows):
             a = acc_list[i]
-            room = min(sample_len - len(sampled[r]), max_pos + 1 - int(n[i]))
-            new = em_list[i][: min(a + 1, room)]
+            left = room(i, r)
+            new = em_list[i][: min(a + 1, left)]
             ended = eot in new
             if ended:
                 new = new[: new.index(eot) + 1]
@@ -236,7 +254,7 @@ def speculative_decode(
                 following[r] = hints[r][generated[r]:generated[r] + len(new)] == new
             sampled[r].extend(new)
             generated[r] += len(new)
-            if ended or len(new) == room:
+            if ended or len(new) >= left:
                 toks = sampled[r][:-1] if ended else sampled[r]
                 st.tokens = len(toks)
                 results[r] = RowResult(toks, sum_logprob[r], no_speech_prob[r], st)
