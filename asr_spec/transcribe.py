@@ -14,7 +14,7 @@ from .audio import SAMPLE_RATE
 from .decoding.logits import LogitRules
 from .decoding.sampling import sampler_for
 from .decoding.speculative import Decoders, RowResult, RowStats, speculative_decode
-from .features import FRAMES_PER_SECOND, N_FRAMES, TOKEN_SECONDS, log_mel, window
+from .features import FRAMES_PER_SECOND, N_FRAMES, TOKEN_SECONDS, encoder_frames, log_mel, window
 from .models.loader import Draft, Whisper
 
 
@@ -31,6 +31,7 @@ class TranscribeOptions:
     no_speech_threshold: float | None = 0.6
     condition_on_previous_text: bool = True
     seed: int = 0
+    encoder_window: str = "full"  # "full": Whisper's padded 30 s window; "audio": only the window's audio (faster)
 
 
 @dataclass
@@ -98,11 +99,11 @@ class Transcriber:
         return enc, (self.draft.encoder_out(mel, enc) if self.draft else None)
 
     @torch.inference_mode()
-    def detect_language(self, target_memory: torch.Tensor) -> list[str]:
+    def detect_language(self, target_memory: torch.Tensor, lengths: list[int] | None = None) -> list[str]:
         """The most likely language of each window in the batch (Whisper's detection from <|startoftranscript|>)."""
         v = self.vocab
         dec = self.target.decoder
-        cache = dec.new_cache(target_memory, 1)
+        cache = dec.new_cache(target_memory, 1, lengths)
         sot = torch.full((target_memory.shape[0], 1), v.sot, device=dec.device)
         logits = dec(cache, sot, torch.zeros_like(sot))[:, 0].float()
         codes, ids = list(v.languages), list(v.languages.values())
@@ -117,16 +118,19 @@ class Transcriber:
     def decode(self, memories: tuple[torch.Tensor, torch.Tensor | None], prompts: list[tuple[list[int], int]],
                temperature: float, k: int, timestamps: bool, generator: torch.Generator | None,
                use_draft: bool = True, draft_stop: float = 0.0,
-               prefixes: list[list[int]] | None = None, hints: list[list[int]] | None = None) -> list[RowResult]:
+               prefixes: list[list[int]] | None = None, hints: list[list[int]] | None = None,
+               memory_lengths: list[int] | None = None) -> list[RowResult]:
         """One speculative decode of a batch of windows (``memories`` rows match ``prompts``)."""
         draft = self.draft.decoder if (self.draft and use_draft) else None
         return speculative_decode(
             Decoders(self.target.decoder, draft), memories[0], memories[1], [p for p, _ in prompts],
             [s for _, s in prompts], LogitRules.whisper(self.vocab, timestamps), sampler_for(temperature),
             k if draft else 0, self.vocab.eot, self.vocab.no_speech, generator=generator, stop_below=draft_stop, prefixes=prefixes,
-            hints=hints)
+            hints=hints, memory_lengths=memory_lengths)
 
-    def _needs_fallback(self, r: RowResult, o: TranscribeOptions) -> bool:
+    def needs_fallback(self, r: RowResult, o: TranscribeOptions) -> bool:
+        """Whisper's checks on a decode: repetitive (compression ratio) or unlikely (mean log-probability)
+        text that is not explained by silence is decoded again at the next temperature."""
         cr = compression_ratio(self.target.tokenizer.decode(r.tokens))
         if o.compression_ratio_threshold is not None and cr > o.compression_ratio_threshold:
             return True
@@ -151,7 +155,8 @@ class Transcriber:
             size = min(N_FRAMES, content - seek)
             offset = seek / FRAMES_PER_SECOND
             t0 = time.perf_counter()
-            memories = self.encode(window(mel, seek)[None])
+            frames = encoder_frames(size, full=o.encoder_window == "full")
+            memories = self.encode(window(mel, seek, frames)[None])
             stats.encoder_seconds += time.perf_counter() - t0
             t0 = time.perf_counter()
             if v.multilingual and language is None:
@@ -162,7 +167,7 @@ class Transcriber:
                 result = self.decode(memories, [prompt], temperature, o.k, o.timestamps, generator, use_draft,
                                      o.draft_stop)[0]
                 stats.decode.add(result.stats)
-                if i + 1 == len(o.temperatures) or not self._needs_fallback(result, o):
+                if i + 1 == len(o.temperatures) or not self.needs_fallback(result, o):
                     break
                 stats.fallbacks += 1
             stats.decode_seconds += time.perf_counter() - t0

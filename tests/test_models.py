@@ -120,3 +120,16 @@ def test_auto_encoder_dtype_follows_the_cpu():
     native = "avx512_bf16" in flags or "amx_bf16" in flags
     assert resolve_encoder_dtype("auto", "cpu") == ("bfloat16" if native else "float32")
     assert resolve_encoder_dtype("float32", "cpu") == "float32" and resolve_encoder_dtype("bfloat16") == "bfloat16"
+
+
+def test_any_length_encoder_equals_transformers_on_full_windows_and_takes_short_ones(tiny_target):
+    """Our encoder forward is transformers' on 30 s windows (bit for bit) and accepts shorter inputs, whose
+    output is the full window's computation with the positional embeddings sliced."""
+    mel = torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref = tiny_target.hf.model.encoder(mel).last_hidden_state
+        assert torch.equal(tiny_target.encode(mel), ref)
+        short = tiny_target.encode(mel[:, :, :400])
+    assert short.shape == (2, 200, ref.shape[-1])
+    # a 1-layer encoder attends over what it is given: a shorter input changes the output, but not wildly
+    assert not torch.allclose(short, ref[:, :200]) and (short - ref[:, :200]).abs().mean() < ref.abs().mean()

@@ -175,7 +175,7 @@ def run_local(engine, source, display: LiveLine, language: str | None) -> None:
                 for e in engine.step().get(sid, []):
                     display.event(e.as_dict())
     except KeyboardInterrupt:
-        engine.flush(sid)
+        engine.flush(sid, close=True)
         while engine.pending():
             for e in engine.step().get(sid, []):
                 display.event(e.as_dict())

@@ -21,11 +21,13 @@ class KVCache:
     self_v: list[torch.Tensor]
     cross_k: list[torch.Tensor]  # per layer [B, H, S, Dh]
     cross_v: list[torch.Tensor]
+    cross_mask: torch.Tensor | None = None  # [B, 1, 1, S]: encoder positions each row attends to (ragged memories)
 
     def select(self, rows: torch.Tensor) -> "KVCache":
         """Keep only ``rows`` (batch compaction when rows finish)."""
         pick = lambda ts: [t.index_select(0, rows) for t in ts]  # noqa: E731
-        return KVCache(pick(self.self_k), pick(self.self_v), pick(self.cross_k), pick(self.cross_v))
+        mask = self.cross_mask.index_select(0, rows) if self.cross_mask is not None else None
+        return KVCache(pick(self.self_k), pick(self.self_v), pick(self.cross_k), pick(self.cross_v), mask)
 
     @property
     def capacity(self) -> int:
@@ -90,7 +92,9 @@ class StaticDecoder:
         return self.head_w.device
 
     @torch.inference_mode()
-    def new_cache(self, encoder_out: torch.Tensor, capacity: int) -> KVCache:
+    def new_cache(self, encoder_out: torch.Tensor, capacity: int, lengths: list[int] | None = None) -> KVCache:
+        """Caches for a batch of encoder outputs [B, S, D]; with ``lengths`` row b attends only to its first
+        ``lengths[b]`` encoder positions (memories of different lengths padded to S)."""
         b = encoder_out.shape[0]
         cross_k, cross_v, self_k, self_v = [], [], [], []
         for layer in self.layers:
@@ -101,7 +105,11 @@ class StaticDecoder:
             empty = encoder_out.new_zeros(b, h, capacity, dh)
             self_k.append(empty)
             self_v.append(empty.clone())
-        return KVCache(self_k, self_v, cross_k, cross_v)
+        mask = None
+        if lengths is not None and min(lengths) < encoder_out.shape[1]:
+            mask = (torch.arange(encoder_out.shape[1], device=encoder_out.device)[None, :]
+                    < torch.tensor(lengths, device=encoder_out.device)[:, None])[:, None, None, :]
+        return KVCache(self_k, self_v, cross_k, cross_v, mask)
 
     @torch.inference_mode()
     def __call__(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
@@ -125,7 +133,8 @@ class StaticDecoder:
                                                attn_mask=mask, scale=1.0)
             x = x + project(a.transpose(1, 2).reshape(b, t, -1), *layer.sa_out)
             q = (project(layer.ln2(x), *layer.ca_q) * layer.scaling).view(b, t, h, -1).transpose(1, 2)
-            a = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], scale=1.0)
+            a = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], attn_mask=cache.cross_mask,
+                                               scale=1.0)
             x = x + project(a.transpose(1, 2).reshape(b, t, -1), *layer.ca_out)
             x = x + project(F.gelu(project(layer.ln3(x), *layer.fc1)), *layer.fc2)
         if logits_at is not None:

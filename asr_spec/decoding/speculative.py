@@ -126,6 +126,7 @@ def speculative_decode(
     stop_below: float = 0.0,
     prefixes: list[list[int]] | None = None,
     hints: list[list[int]] | None = None,
+    memory_lengths: list[int] | None = None,
 ) -> list[RowResult]:
     """Decode one continuation per prompt. ``*_memory`` are the encoder outputs [B, S, D] the target
     and the draft cross-attend to; ``sot_index[b]`` is where <|startoftranscript|> sits in prompt b.
@@ -136,7 +137,8 @@ def speculative_decode(
     included in the result's tokens. ``hints[b]`` is a guess of row b's continuation after the prefix
     (a streaming re-decode's previous hypothesis, end-of-text implied): while every live row still
     follows its hint, passes verify hint tokens instead of running the draft (free drafts; exact all
-    the same)."""
+    the same). ``memory_lengths[b]``: row b's encoder output is its first that many positions (a batch
+    of different-length memories padded together)."""
     target, draft = decoders.target, decoders.draft if k > 0 else None
     dev = target.device
     b = len(prompts)
@@ -148,8 +150,8 @@ def speculative_decode(
     if (longest := max(map(len, prompts))) > max_pos:
         raise ValueError(f"prompt + prefix of {longest} tokens exceeds the decoder's {max_pos} positions")
     capacity = max_pos + max(k, HINT_K) + 2
-    t_cache = target.new_cache(target_memory, capacity)
-    d_cache = draft.new_cache(draft_memory, capacity) if draft is not None else None
+    t_cache = target.new_cache(target_memory, capacity, memory_lengths)
+    d_cache = draft.new_cache(draft_memory, capacity, memory_lengths) if draft is not None else None
 
     seq = torch.full((b, capacity), eot, dtype=torch.long, device=dev)
     for i, p in enumerate(prompts):

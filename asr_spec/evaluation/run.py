@@ -25,6 +25,7 @@ class EvalOptions:
     ks: tuple[int, ...] = (4,)
     draft_stops: tuple[float, ...] = (0.0,)
     encoder_dtype: str = "float32"
+    encoder_window: str = "full"
     limit: int = 0
     repeat: int = 1
     temperature: float = 0.5
@@ -88,7 +89,7 @@ def evaluate(o: EvalOptions) -> dict:
 
     threads = o.threads or torch.get_num_threads()
     items = read_manifest(o.manifest, o.limit)
-    setup = Setup(o.model, o.draft, o.language, threads, o.encoder_dtype)
+    setup = Setup(o.model, o.draft, o.language, threads, o.encoder_dtype, o.encoder_window)
     specs = expand(list(o.systems), list(o.ks), o.temperature, o.seeds, list(o.draft_stops))
     runs, skipped = {}, {}
     for spec in specs:

@@ -31,6 +31,7 @@ class Setup:
     language: str | None
     threads: int
     encoder_dtype: str = "float32"  # our systems' encoder precision
+    encoder_window: str = "full"  # our systems' encoder input: padded 30 s windows, or only the audio
 
 
 @dataclass
@@ -93,7 +94,7 @@ def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
     if spec.kind == "draft":  # one greedy attempt: a failing draft would otherwise retry at every temperature
         temps = (0.0,)
     opts = TranscribeOptions(language=setup.language, k=spec.k, draft_stop=spec.draft_stop, temperatures=temps,
-                             seed=spec.seed)
+                             seed=spec.seed, encoder_window=setup.encoder_window)
 
     def run(audio: np.ndarray) -> Output:
         t0 = time.perf_counter()

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditionalGeneration
 from transformers.utils import logging as hf_logging
@@ -146,18 +147,36 @@ class Whisper:
 
     @torch.inference_mode()
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
+        """Encoder output [B, frames / 2, D] for log-mel [B, n_mels, frames]; see :func:`encoder_forward`."""
         return self.encoder(mel.to(self.decoder.device, self.hf.dtype)).last_hidden_state
 
 
-class LowPrecisionEncoder(nn.Module):
-    """A copy of an encoder that runs in ``dtype`` (bf16 halves its CPU time here) and returns float32."""
+def encoder_forward(encoder: nn.Module, mel: torch.Tensor) -> SimpleNamespace:
+    """transformers' ``WhisperEncoder`` forward (inference) for any even number of mel frames up to 3000:
+    the positional embeddings are sliced to the input's length instead of requiring a padded 30 s window.
+    With 3000 frames it computes exactly what transformers does; with fewer, encoder work shrinks with the
+    audio (whisper.cpp's ``audio_ctx``), which changes the text a little (README: ``--encoder-window``)."""
+    x = F.gelu(encoder.conv1(mel))
+    x = F.gelu(encoder.conv2(x)).permute(0, 2, 1)
+    x = x + encoder.embed_positions.weight[: x.shape[1]]
+    for layer in encoder.layers:
+        x = layer(x, None)
+    return SimpleNamespace(last_hidden_state=encoder.layer_norm(x))
 
-    def __init__(self, encoder: nn.Module, dtype: torch.dtype):
+
+class AnyLengthEncoder(nn.Module):
+    """A Whisper encoder that accepts any even number of frames (see :func:`encoder_forward`), optionally
+    computing in ``dtype`` (bf16 halves its CPU time here) and returning float32."""
+
+    def __init__(self, encoder: nn.Module, dtype: torch.dtype | None = None):
         super().__init__()
-        self.inner, self.dtype = copy.deepcopy(encoder).to(dtype), dtype
+        self.inner = copy.deepcopy(encoder).to(dtype) if dtype is not None else encoder
+        self.dtype = dtype
 
     def forward(self, mel: torch.Tensor) -> SimpleNamespace:
-        return SimpleNamespace(last_hidden_state=self.inner(mel.to(self.dtype)).last_hidden_state.float())
+        if self.dtype is None:
+            return encoder_forward(self.inner, mel)
+        return SimpleNamespace(last_hidden_state=encoder_forward(self.inner, mel.to(self.dtype)).last_hidden_state.float())
 
 
 ENCODER_DTYPES = ("float32", "bfloat16")
@@ -187,7 +206,7 @@ def with_encoder_dtype(target: Whisper, dtype: str) -> Whisper:
         raise ModelError(f"encoder dtype must be one of {', '.join(ENCODER_DTYPES)}, not {dtype!r}")
     if dtype == "float32":
         return target
-    return replace(target, encoder=LowPrecisionEncoder(target.encoder, getattr(torch, dtype)),
+    return replace(target, encoder=AnyLengthEncoder(target.encoder.inner, getattr(torch, dtype)),
                    name=f"{target.name} (encoder {dtype})")
 
 
@@ -227,7 +246,8 @@ def load_target(spec: str = EMBEDDED, device: str = "cpu", dtype: torch.dtype = 
     if not (path / "tokenizer.json").exists():
         raise ModelError(f"{spec}: no tokenizer.json beside the model")
     tokenizer = WhisperTokenizer.from_dir(path, _generation_config(path), hf.config.vocab_size)
-    return Whisper(hf, tokenizer, StaticDecoder(hf.model.decoder, hf.proj_out.weight), hf.model.encoder, str(spec))
+    return Whisper(hf, tokenizer, StaticDecoder(hf.model.decoder, hf.proj_out.weight), AnyLengthEncoder(hf.model.encoder),
+                   str(spec))
 
 
 def truncated_draft(target: Whisper, layers: list[int]) -> WhisperForCausalLM:
@@ -290,7 +310,7 @@ def load_draft(spec: str, target: Whisper) -> Draft:
         return Draft(StaticDecoder(hf.model.decoder, hf.proj_out.weight), None, spec, hf)
     hf = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
     _check(target, spec, config.vocab_size, path, None, config.num_mel_bins)
-    return Draft(StaticDecoder(hf.model.decoder, hf.proj_out.weight), hf.model.encoder, spec, hf)
+    return Draft(StaticDecoder(hf.model.decoder, hf.proj_out.weight), AnyLengthEncoder(hf.model.encoder), spec, hf)
 
 
 def save_distilled(path: Path, decoder: nn.Module, head: torch.Tensor, head_ids: list[int] | None, meta: dict) -> None:

@@ -1,21 +1,25 @@
-"""The streaming engine: one shared model, the re-decodes of all due streams batched together.
+"""The streaming engine: one shared model, the re-decodes of the due streams batched together.
 
-``Engine.step()`` looks at every open stream, and decodes those that are due in batches of up to
-``max_batch`` rows: one encoder call and one speculative decode (ragged per-row acceptance) per batch.
-Callers (the WebSocket server's inference thread, the in-process microphone client, tests) call it in a
-loop; everything else is in :class:`~asr_spec.streaming.stream.Stream`.
+``Engine.step()`` looks at every open stream and decodes one batch of up to ``max_batch`` due streams:
+each stream's audio is encoded at its own length (``encoder_window="audio"``: the buffer plus 2 s of
+silence, rounded up to whole seconds, instead of a padded 30 s window) and all rows run one ragged
+speculative decode. Fairness: end-of-utterance and flush decodes go first, then the streams whose
+audio has waited longest; a stream is in a batch at most once, so no session takes more than its share.
+Callers (the WebSocket server's inference thread, the in-process microphone client, tests) call
+``step`` in a loop; everything about one stream is in :class:`~asr_spec.streaming.stream.Stream`.
 """
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import torch
 
-from ..features import log_mel, window
+from ..features import HOP, encoder_frames, log_mel, window
 from ..transcribe import TranscribeOptions, Transcriber
-from .stream import Event, Stream, StreamConfig
+from .stream import Event, Request, Stream, StreamConfig
 
 
 @dataclass(frozen=True)
@@ -23,82 +27,150 @@ class EngineConfig:
     max_batch: int = 8
     k: int = TranscribeOptions.k
     draft_stop: float = TranscribeOptions.draft_stop
+    encoder_window: str = "audio"  # "audio": encode only the buffer (plus 2 s); "full": padded 30 s windows
+    checks: TranscribeOptions = TranscribeOptions()  # Whisper's hallucination thresholds and fallback ladder
 
 
 class Engine:
     def __init__(self, transcriber: Transcriber, config: EngineConfig = EngineConfig()):
         self.transcriber = transcriber
         self.config = config
-        self.streams: dict[int, Stream] = {}
-        self.lock = threading.Lock()  # guards ``streams`` and the streams' state
+        self._streams: dict[int, Stream] = {}
+        self._lock = threading.Lock()  # guards ``_streams`` and the streams' state
         self._next_id = 0
         self.busy_s = 0.0  # time spent decoding (for the real-time factor)
+        self.queue_wait_s: deque[float] = deque(maxlen=2000)  # per decode: how long its audio had waited
+        self.decodes = 0
 
+    # --- sessions ---------------------------------------------------------------------------------------
     def open(self, config: StreamConfig = StreamConfig()) -> int:
         stream = Stream(config, self.transcriber.target.tokenizer)
-        with self.lock:
+        with self._lock:
             self._next_id += 1
-            self.streams[self._next_id] = stream
+            self._streams[self._next_id] = stream
             return self._next_id
 
     def feed(self, sid: int, audio) -> None:
-        with self.lock:
-            self.streams[sid].feed(audio)
+        with self._lock:
+            self._streams[sid].feed(audio)
 
-    def flush(self, sid: int) -> None:
-        with self.lock:
-            self.streams[sid].flush()
+    def flush(self, sid: int, close: bool = False) -> int:
+        """Ask for stream ``sid``'s buffer to be decoded to the end; returns the flush count that marks it done
+        (compare with :meth:`flushes`). Pending requests coalesce."""
+        with self._lock:
+            s = self._streams[sid]
+            s.flush(close)
+            return s.flushes + 1
 
     def close(self, sid: int) -> Stream | None:
-        with self.lock:
-            return self.streams.pop(sid, None)
+        """Forget stream ``sid`` at once: its queued audio is never decoded, a decode in flight is discarded."""
+        with self._lock:
+            return self._streams.pop(sid, None)
+
+    # --- what callers may read --------------------------------------------------------------------------
+    def flushes(self, sid: int) -> int:
+        with self._lock:
+            s = self._streams.get(sid)
+            return s.flushes if s is not None else 0
+
+    def backlog_s(self, sid: int) -> float:
+        """Seconds of audio stream ``sid`` has received and not yet committed (0 for a closed stream)."""
+        with self._lock:
+            s = self._streams.get(sid)
+            return s.backlog_s if s is not None else 0.0
+
+    def stream_stats(self, sid: int) -> dict | None:
+        with self._lock:
+            s = self._streams.get(sid)
+            return s.stats.as_dict() if s is not None else None
+
+    def snapshot(self) -> list[dict]:
+        """Live streams' statistics, with their current lag (undecoded audio) and how long it has waited."""
+        now = time.monotonic()
+        with self._lock:
+            return [{**s.stats.as_dict(), "backlog_seconds": round(s.backlog_s, 3),
+                     "waiting_seconds": round(now - s.waiting_since, 3) if s.waiting_since is not None else 0.0,
+                     "accepted": s.stats.decode.accepted, "rejected": s.stats.decode.rejected}
+                    for s in self._streams.values()]
 
     def pending(self) -> bool:
-        with self.lock:
-            return any(s.due() for s in self.streams.values())
+        with self._lock:
+            return any(s.due() for s in self._streams.values())
 
+    # --- decoding -----------------------------------------------------------------------------------------
     def step(self) -> dict[int, list[Event]]:
-        """Decode every due stream once; return the events per stream id."""
+        """Decode one batch of due streams (finals first, then by waiting time); return events per stream id."""
         events: dict[int, list[Event]] = {}
-        with self.lock:
+        with self._lock:
             due = []
-            for sid, s in self.streams.items():
+            for sid, s in self._streams.items():
                 kind = s.due()
-                if kind == "final" and s.silent:
-                    events[sid] = s.flush_silent()
+                if kind == "final" and (settled := s.settle_flush()) is not None:
+                    events[sid] = settled
                 elif kind:
-                    due.append((sid, s, s.request(kind)))
-        for i in range(0, len(due), self.config.max_batch):
-            batch = due[i:i + self.config.max_batch]
-            t0 = time.perf_counter()
-            results, language = self._decode([r for _, _, r in batch])
-            self.busy_s += time.perf_counter() - t0
-            with self.lock:
-                for (sid, stream, req), result, lang in zip(batch, results, language):
-                    if self.streams.get(sid) is stream:  # not closed meanwhile
-                        events[sid] = stream.apply(req, result, lang)
+                    due.append((kind == "partial", s.waiting_since or 0.0, sid, s, kind))
+            due.sort(key=lambda d: d[:2])
+            batch = [(sid, s, s.request(kind)) for _, _, sid, s, kind in due[: self.config.max_batch]]
+        if not batch:
+            return events
+        t0 = time.perf_counter()
+        decoded = self._decode([r for _, _, r in batch])
+        self.busy_s += time.perf_counter() - t0
+        with self._lock:
+            self.decodes += len(batch)
+            for (sid, stream, req), (result, lang, reliable, fallbacks) in zip(batch, decoded):
+                self.queue_wait_s.append(req.waited_s)
+                if self._streams.get(sid) is stream:  # not closed meanwhile
+                    events[sid] = events.get(sid, []) + stream.apply(req, result, lang, reliable, fallbacks)
         return events
 
     @torch.inference_mode()
-    def _decode(self, requests: list) -> tuple[list, list]:
-        tr = self.transcriber
-        mel = torch.stack([window(log_mel(r.audio, tr.target.n_mels), 0) for r in requests])
-        memories = tr.encode(mel.to(tr.target.decoder.device))
+    def _decode(self, requests: list[Request]) -> list[tuple]:
+        """Encode each request at its own length, decode all rows together, and decode again at higher
+        temperatures the committing rows that fail Whisper's hallucination checks (as ``transcribe`` does)."""
+        tr, c = self.transcriber, self.config
+        device = tr.target.decoder.device
+        encoded = [tr.encode(window(log_mel(r.audio, tr.target.n_mels), 0,
+                                    encoder_frames(len(r.audio) // HOP, full=c.encoder_window == "full"))[None].to(device))
+                   for r in requests]
+        lengths = [e[0].shape[1] for e in encoded]
+        memories = (_pad([e[0] for e in encoded]), _pad([e[1] for e in encoded]) if encoded[0][1] is not None else None)
         languages = [r.language for r in requests]
         if tr.vocab.multilingual and None in languages:
-            detected = tr.detect_language(memories[0])
+            detected = tr.detect_language(memories[0], lengths)
             languages = [lang or d for lang, d in zip(languages, detected)]
         prompts = [tr.prompt(r.context, lang, r.task, timestamps=True) for r, lang in zip(requests, languages)]
-        results = tr.decode(memories, prompts, 0.0, self.config.k, True, None, draft_stop=self.config.draft_stop,
-                            prefixes=[r.prefix for r in requests], hints=[r.hint for r in requests])
-        return results, languages
+        results = tr.decode(memories, prompts, 0.0, c.k, True, None, draft_stop=c.draft_stop,
+                            prefixes=[r.prefix for r in requests], hints=[r.hint for r in requests],
+                            memory_lengths=lengths)
+        out = []
+        for i, (r, result) in enumerate(zip(requests, results)):
+            fallbacks, reliable = 0, not tr.needs_fallback(result, c.checks)
+            if r.final and not reliable:
+                row = (memories[0][i:i + 1, :lengths[i]],
+                       memories[1][i:i + 1, :lengths[i]] if memories[1] is not None else None)
+                generator = torch.Generator(device=device).manual_seed(c.checks.seed)
+                for temperature in c.checks.temperatures[1:]:
+                    fallbacks += 1
+                    result = tr.decode(row, [prompts[i]], temperature, c.k, True, generator, draft_stop=c.draft_stop,
+                                       prefixes=[r.prefix])[0]
+                    if reliable := not tr.needs_fallback(result, c.checks):
+                        break
+            out.append((result, languages[i], reliable, fallbacks))
+        return out
+
+
+def _pad(memories: list[torch.Tensor]) -> torch.Tensor:
+    """[1, S_i, D] memories -> [B, max S, D] (zeros after each row's length; masked in cross-attention)."""
+    longest = max(m.shape[1] for m in memories)
+    return torch.cat([torch.nn.functional.pad(m, (0, 0, 0, longest - m.shape[1])) for m in memories])
 
 
 def stream_audio(engine: Engine, audio, config: StreamConfig = StreamConfig(), chunk_s: float = 0.5,
                  stats: list | None = None) -> list[Event]:
     """Stream ``audio`` (16 kHz float32) through ``engine`` in ``chunk_s`` pieces, decoding whatever is due
-    before the next piece (a real-time stream with instant decoding), then flush: the events a client would
-    get. The stream's statistics are appended to ``stats``."""
+    before the next piece (a real-time stream with instant decoding), then close: the events a client
+    would get. The stream's statistics are appended to ``stats``."""
     sid = engine.open(config)
     events: list[Event] = []
     step = int(chunk_s * 16000)
@@ -107,7 +179,7 @@ def stream_audio(engine: Engine, audio, config: StreamConfig = StreamConfig(), c
             engine.feed(sid, audio[start:start + step])
             while engine.pending():
                 events += engine.step().get(sid, [])
-        engine.flush(sid)
+        engine.flush(sid, close=True)
         while engine.pending():
             events += engine.step().get(sid, [])
     finally:

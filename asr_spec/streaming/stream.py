@@ -5,8 +5,12 @@ prefix), so a hypothesis is committed text + a continuation. The longest common 
 continuation and the previous one (cut back to a word boundary) is committed and sent as a ``final``;
 the rest is the ``partial``. The buffer is trimmed at the end of a committed segment once it grows
 past ``trim_s``; committed text that leaves the buffer becomes the prompt. Voice activity detection
-drops silence and ends utterances. Memory is bounded: the buffer by ``max_buffer_s``, the prompt by
-Whisper's context, the statistics are counters.
+drops silence and ends utterances.
+
+Nothing is lost: a buffer that reaches ``max_buffer_s`` (speech without pauses, or audio arriving faster
+than it is decoded) is committed window by window as ``transcribe`` does offline — the first 30 s are
+decoded, committed up to the last complete segment, and only that audio leaves the buffer. Every sample
+received leaves the buffer exactly once, decoded or (silence) skipped: ``stats`` counts both.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import numpy as np
 
 from ..audio import SAMPLE_RATE
 from ..decoding.speculative import RowResult, RowStats
-from ..features import TOKEN_SECONDS
+from ..features import N_SAMPLES, TOKEN_SECONDS
 from .vad import VoiceActivity
 
 
@@ -35,6 +39,8 @@ class StreamConfig:
     vad_threshold: float = 0.5
     preroll_s: float = 0.3  # audio kept before detected speech
     use_hint: bool = True  # the previous continuation drafts the next re-decode
+    min_flush_s: float = 1.0  # a finalize of a shorter buffer is deferred: decoded with the audio that follows
+    max_context: int = 192  # committed text tokens kept as the prompt (prompt + prefix stay well under 448)
 
 
 @dataclass
@@ -70,13 +76,21 @@ class Request:
     task: str
     prefix: list[int]
     hint: list[int]
-    final: bool
+    kind: str  # "partial" (re-decode), "window" (commit the first 30 s up to a segment end), "final" (commit all)
+    waited_s: float = 0.0  # how long the stream's oldest undecoded audio had waited when this was requested
+
+    @property
+    def final(self) -> bool:
+        return self.kind != "partial"
 
 
 @dataclass
 class StreamStats:
-    audio_s: float = 0.0
+    audio_s: float = 0.0  # received
+    decoded_s: float = 0.0  # left the buffer after a decode that covered it
+    skipped_s: float = 0.0  # left the buffer as silence, never decoded
     decodes: int = 0
+    fallbacks: int = 0  # decodes repeated at a higher temperature (Whisper's hallucination checks)
     utterances: int = 0
     decode: RowStats = field(default_factory=RowStats)
     final_latency_s: deque = field(default_factory=lambda: deque(maxlen=1000))  # emission - arrival of its end
@@ -84,7 +98,9 @@ class StreamStats:
     def as_dict(self) -> dict:
         d, lat = self.decode, sorted(self.final_latency_s)
         pct = lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))], 3) if lat else None  # noqa: E731
-        return {"audio_seconds": round(self.audio_s, 3), "decodes": self.decodes, "utterances": self.utterances,
+        return {"audio_seconds": round(self.audio_s, 3), "decoded_seconds": round(self.decoded_s + self.skipped_s, 3),
+                "silence_skipped_seconds": round(self.skipped_s, 3), "decodes": self.decodes,
+                "fallbacks": self.fallbacks, "utterances": self.utterances,
                 "tokens": d.tokens, "target_passes": d.target_passes, "drafted": d.drafted, "accepted": d.accepted,
                 "acceptance": round(d.alpha, 4), "final_latency_median_s": pct(0.5), "final_latency_p90_s": pct(0.9)}
 
@@ -110,7 +126,9 @@ class Stream:
         self.partial = ""
         self.emitted_end = 0.0  # end time of the last final sent
         self.flush_requested = False
+        self.closing = False  # the flush requested is the last one (``close``): decode whatever is left
         self.flushes = 0  # completed flushes
+        self.waiting_since: float | None = None  # wall time of the oldest audio not yet in a decode request
         self.stats = StreamStats()
         self.arrivals: deque[tuple[float, float]] = deque(maxlen=4096)  # (stream time, wall time) of arrivals
         self._word_start: dict[int, bool] = {}
@@ -121,6 +139,8 @@ class Stream:
         self.audio = np.concatenate([self.audio, audio])
         self.stats.audio_s += len(audio) / SAMPLE_RATE
         self.arrivals.append((self.stats.audio_s, time.monotonic()))
+        if self.waiting_since is None and len(audio):
+            self.waiting_since = time.monotonic()
         self.since_decode += len(audio) / SAMPLE_RATE
         if self.vad is not None:
             flags = self.vad(audio)
@@ -134,13 +154,15 @@ class Stream:
             if not self.speech and not self.committed:  # only silence so far: keep a short pre-roll
                 keep = int(self.config.preroll_s * SAMPLE_RATE)
                 if len(self.audio) > keep:
-                    self.start += (len(self.audio) - keep) / SAMPLE_RATE
-                    self.audio = self.audio[-keep:]
+                    self._drop(len(self.audio) - keep, decoded=False)
                 self.since_decode = 0.0
+                self.waiting_since = None
 
-    def flush(self) -> None:
-        """Decode what is buffered to the end (``finalize`` / ``close``)."""
+    def flush(self, close: bool = False) -> None:
+        """Decode what is buffered to the end (``finalize``; ``close`` when no audio will follow). Requests
+        coalesce: one pending flush at a time."""
         self.flush_requested = True
+        self.closing = self.closing or close
 
     # --- scheduling -----------------------------------------------------------------------------------
     @property
@@ -148,7 +170,8 @@ class Stream:
         return len(self.audio) / SAMPLE_RATE
 
     def due(self) -> str | None:
-        """"final" (decode and commit everything), "partial" (re-decode), or None (nothing to do yet)."""
+        """"final" (decode and commit everything: end of utterance or flush), "window" (the buffer is full:
+        commit its first window), "partial" (re-decode), or None (nothing to do yet)."""
         c = self.config
         if self.flush_requested:
             return "final"
@@ -157,25 +180,62 @@ class Stream:
         if self.vad is not None and self.silence_s >= c.end_silence_s:
             return "final"
         if self.buffer_s >= c.max_buffer_s:
-            return "final"
+            return "window"
         return "partial" if self.since_decode >= c.step_s else None
 
+    def settle_flush(self) -> list[Event] | None:
+        """Complete a requested flush that needs no decode, returning its events: a buffer without speech is
+        skipped; a ``finalize`` of less than ``min_flush_s`` is deferred (its audio stays, to be decoded with
+        what follows — a fraction of a second alone is what Whisper hallucinates on). None: decode it."""
+        if not self.flush_requested:
+            return None
+        if self.silent:
+            return self._commit_all([], len(self.audio))
+        if not self.closing and self.buffer_s < self.config.min_flush_s:
+            self.flush_requested = False
+            self.flushes += 1
+            return []
+        return None
+
     def request(self, kind: str) -> Request:
+        """The decode to run now for ``kind`` (from ``due``). A final of more than one window is committed
+        window by window first."""
+        if kind == "final" and len(self.audio) > N_SAMPLES:
+            kind = "window"
+        audio = self.audio if kind == "partial" else self.audio[:N_SAMPLES]
         hint = self.previous if self.config.use_hint else []
         self.since_decode = 0.0  # audio arriving while this decode runs counts toward the next one
-        return Request(self.audio, list(self.context), self.language, self.config.task, list(self.committed), hint,
-                       kind == "final")
+        now = time.monotonic()
+        waited = now - self.waiting_since if self.waiting_since is not None else 0.0
+        self.waiting_since = None
+        return Request(audio, list(self.context), self.language, self.config.task, list(self.committed), hint,
+                       kind, waited)
+
+    @property
+    def backlog_s(self) -> float:
+        """Audio received but not yet committed or skipped (what a fast sender has queued)."""
+        return self.buffer_s
 
     # --- results --------------------------------------------------------------------------------------
-    def apply(self, request: Request, result: RowResult, language: str | None = None) -> list[Event]:
+    def apply(self, request: Request, result: RowResult, language: str | None = None, reliable: bool = True,
+              fallbacks: int = 0) -> list[Event]:
+        """Take a decode's result. ``reliable`` is false when it failed Whisper's hallucination checks even
+        after the temperature fallback (``fallbacks`` attempts): such text is never committed from a partial."""
         self.stats.decodes += 1
+        self.stats.fallbacks += fallbacks
         self.stats.decode.add(result.stats)
         self.language = language or self.language
         cont = result.tokens[len(request.prefix):]
         if result.no_speech_prob > 0.6 and result.avg_logprob < -1.0:
             cont = []  # Whisper's no-speech rule: nothing was said
-        if request.final:
+        if fallbacks and not reliable:
+            self.context = []  # as Whisper does after a failed window: do not prompt with text that loops
+        if request.kind == "final":
             return self._commit_all(cont, len(request.audio))
+        if request.kind == "window":
+            return self._commit_window(cont, len(request.audio))
+        if not reliable:
+            cont = []
         agreed = self._agreement(cont, self.previous)
         events = []
         if agreed:
@@ -190,13 +250,12 @@ class Stream:
         """Commit the whole continuation and drop the ``decoded`` samples from the buffer: the utterance
         ended (trailing silence or a flush), or the buffer is full while speech goes on (then
         ``end_of_utterance`` is false). Audio that arrived during the decode stays."""
-        ended = self.flush_requested or decoded < self.config.max_buffer_s * SAMPLE_RATE
+        ended = True
         events = []
         if cont or self.committed or self.flush_requested:  # every utterance ends with a final
             events.append(self._final(cont, end_of_utterance=ended, decoded=decoded))
-        self.context = (self.context + self._text(self.committed + cont))[-224:]
-        self.start += decoded / SAMPLE_RATE
-        self.audio = self.audio[decoded:]
+        self._add_context(self.committed + cont)
+        self._drop(decoded, decoded=bool(self.speech or self.committed))
         self.committed, self.previous, self.partial = [], [], ""
         self.speech = not self.config.vad or self.last_voiced > self.start
         if not self.speech:
@@ -214,9 +273,46 @@ class Stream:
         """Nothing worth decoding: no speech in the buffer and nothing committed from it."""
         return not self.speech and not self.committed
 
-    def flush_silent(self) -> list[Event]:
-        """Complete a flush of a silent buffer without decoding it."""
-        return self._commit_all([], len(self.audio))
+    def _commit_window(self, cont: list[int], decoded: int) -> list[Event]:
+        """The buffer is full: commit the decoded window up to its last complete segment (the timestamp that
+        closes it) and drop only that audio; the rest stays buffered and is decoded again, as Whisper's
+        offline loop seeks. Without a segment end, the whole window is committed and dropped."""
+        tb = self.vocab.timestamp_begin
+        every = self.committed + cont
+        ends = [i for i in range(1, len(every)) if every[i] > tb and every[i - 1] < tb
+                and (i + 1 == len(every) or every[i + 1] >= tb)]
+        if not ends:
+            return self._commit_all_window(cont, decoded)
+        cut = ends[-1]
+        done = len(self.committed)
+        events = [self._final(every[done:cut + 1], end_of_utterance=False)] if cut + 1 > done else []
+        shift = every[cut] - tb
+        self._add_context(every[:cut + 1])
+        rebase = lambda ts: [t - shift if t >= tb else t for t in ts]  # noqa: E731
+        self.committed = rebase(every[cut + 1:max(cut + 1, done)])
+        self.previous = rebase(every[max(cut + 1, done):])
+        self._drop(int(round(shift * TOKEN_SECONDS * SAMPLE_RATE)))
+        return events + self._partial_event()
+
+    def _commit_all_window(self, cont: list[int], decoded: int) -> list[Event]:
+        events = [self._final(cont, end_of_utterance=False, decoded=decoded)] if cont else []
+        self._add_context(self.committed + cont)
+        self._drop(decoded)
+        self.committed, self.previous = [], []
+        return events + self._partial_event()
+
+    def _add_context(self, tokens: list[int]) -> None:
+        self.context = (self.context + self._text(tokens))[-self.config.max_context:]
+
+    def _drop(self, samples: int, decoded: bool = True) -> None:
+        """Remove the first ``samples`` of the buffer (they were decoded, or skipped as silence)."""
+        samples = min(samples, len(self.audio))
+        self.audio = self.audio[samples:]
+        self.start += samples / SAMPLE_RATE
+        if decoded:
+            self.stats.decoded_s += samples / SAMPLE_RATE
+        else:
+            self.stats.skipped_s += samples / SAMPLE_RATE
 
     def _agreement(self, cont: list[int], previous: list[int]) -> list[int]:
         """LocalAgreement-2: the common prefix of two successive continuations, cut back to a word boundary
@@ -284,12 +380,10 @@ class Stream:
         if cut is None:
             return
         shift = c[cut] - tb
-        samples = int(round(shift * TOKEN_SECONDS * SAMPLE_RATE))
-        self.context = (self.context + self._text(c[:cut + 1]))[-224:]
+        self._add_context(c[:cut + 1])
         rebase = lambda ts: [t - shift if t >= tb else t for t in ts]  # noqa: E731
         self.committed, self.previous = rebase(c[cut + 1:]), rebase(self.previous)
-        self.audio = self.audio[samples:]
-        self.start += samples / SAMPLE_RATE
+        self._drop(int(round(shift * TOKEN_SECONDS * SAMPLE_RATE)))
 
     # --- helpers --------------------------------------------------------------------------------------
     def _text(self, tokens: list[int]) -> list[int]:
