@@ -28,7 +28,8 @@ def stream_file(url: str, audio: np.ndarray, speed: float | None, on_event=lambd
         except Exception:  # the connection ended
             pass
 
-    with connect(url, additional_headers=headers, max_size=None, open_timeout=30) as ws:
+    # ping_timeout=None: while the server backpressures a fast sender, pings wait behind unread audio
+    with connect(url, additional_headers=headers, max_size=None, open_timeout=30, ping_timeout=None) as ws:
         ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "pcm_s16le", "channels": 1,
                             "language": language}))
         reader = threading.Thread(target=receive, args=(ws,), daemon=True)

@@ -10,6 +10,7 @@ import asyncio
 import hmac
 import json
 import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pathlib import Path
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 from websockets.http11 import Request, Response
 
 from ..streaming.engine import Engine
@@ -28,6 +30,8 @@ from .protocol import AudioDecoder, ProtocolError, parse_message, parse_start
 log = logging.getLogger("asr_spec.serve")
 STATIC = Path(__file__).parent / "static"
 FLUSH_TIMEOUT_S = 120.0
+RATE_WINDOW_S = 30.0
+RECEIVE_BUFFER_BYTES = 64 * 1024  # about 2 s of 16 kHz 16-bit audio
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,9 @@ class ServerConfig:
     idle_timeout_s: float = 60.0
     ping_interval_s: float = 20.0
     step_s: float = StreamConfig.step_s
+    max_backlog_s: float = 40.0  # a session's undecoded audio beyond which its socket is not read (backpressure)
+    start_timeout_s: float = 10.0  # a connection must send its start message within this
+    min_audio_s_per_30s: float = 1.0  # a started session sending less is closed (trickling connections)
 
 
 class Metrics:
@@ -54,15 +61,21 @@ class Metrics:
         self.started = time.time()
 
     def snapshot(self, engine: Engine, sessions: int) -> dict:
-        with engine.lock:
-            live = list(engine.streams.values())
-        audio = self.audio_s + sum(s.stats.audio_s for s in live)
-        acc = self.accepted + sum(s.stats.decode.accepted for s in live)
-        rej = self.rejected + sum(s.stats.decode.rejected for s in live)
+        live = engine.snapshot()
+        audio = self.audio_s + sum(s["audio_seconds"] for s in live)
+        acc = self.accepted + sum(s["accepted"] for s in live)
+        rej = self.rejected + sum(s["rejected"] for s in live)
+        waits = sorted(engine.queue_wait_s)
+        pct = lambda q: round(waits[min(len(waits) - 1, int(q * len(waits)))], 3) if waits else None  # noqa: E731
         return {"sessions": sessions, "sessions_total": self.sessions_total, "refused": self.refused,
                 "audio_seconds": round(audio, 3), "busy_seconds": round(engine.busy_s, 3),
                 "rtf": round(engine.busy_s / audio, 4) if audio else None,
                 "acceptance": round(acc / (acc + rej), 4) if acc + rej else None,
+                "decodes": engine.decodes,
+                "queue_wait_seconds": {"median": pct(0.5), "p90": pct(0.9), "max": waits[-1] if waits else None},
+                "streams": [{"backlog_seconds": s["backlog_seconds"], "waiting_seconds": s["waiting_seconds"],
+                             "audio_seconds": s["audio_seconds"], "decoded_seconds": s["decoded_seconds"]}
+                            for s in live],
                 "uptime_seconds": round(time.time() - self.started, 1)}
 
 
@@ -93,10 +106,11 @@ class Server:
                 continue
             for sid, events in out.items():
                 if (session := self.sessions.get(sid)) is not None and self.loop is not None:
-                    with self.engine.lock:
-                        stream = self.engine.streams.get(sid)
-                    flushes = stream.flushes if stream is not None else 0
-                    self.loop.call_soon_threadsafe(session.deliver, events, flushes)
+                    self.loop.call_soon_threadsafe(session.deliver, events, self.engine.flushes(sid))
+
+    def wake(self) -> None:
+        """Tell the inference thread that a stream may be due (new audio, a flush)."""
+        self._wake.set()
 
     # --- HTTP -----------------------------------------------------------------------------------------
     def _http(self, connection: ServerConnection, request: Request) -> Response | None:
@@ -136,6 +150,7 @@ class Server:
             await ws.close(1013, "server full")
             return
         self.connections += 1
+        _small_receive_buffer(ws)
         session = Session(self, ws)
         try:
             await session.run()
@@ -155,7 +170,7 @@ class Server:
         c = self.config
         try:
             async with serve(self._handle, c.host, c.port, process_request=self._http, max_size=c.max_message_bytes,
-                             ping_interval=c.ping_interval_s, ping_timeout=c.ping_interval_s) as server:
+                             ping_interval=c.ping_interval_s, ping_timeout=3 * c.ping_interval_s) as server:
                 self.port = next(iter(server.sockets)).getsockname()[1]
                 log.info("listening on ws://%s:%d", c.host, self.port)
                 self._done = self.loop.create_future()
@@ -181,6 +196,7 @@ class Session:
         self.outbox: asyncio.Queue = asyncio.Queue()
         self.sender: asyncio.Task | None = None
         self.flushes_delivered = 0
+        self.rate_window = (time.monotonic(), 0.0)  # (start, audio seconds received since) for the minimum rate
 
     def deliver(self, events, flushes: int) -> None:
         for e in events:
@@ -200,14 +216,22 @@ class Session:
     async def run(self) -> None:
         self.sender = asyncio.create_task(self._send_loop())
         c = self.server.config
+        opened = time.monotonic()
         while True:
+            await self._backpressure()
+            wait = c.idle_timeout_s if self.sid is not None else max(0.0, c.start_timeout_s - (time.monotonic() - opened))
             try:
-                data = await asyncio.wait_for(self.ws.recv(), timeout=c.idle_timeout_s)
+                data = await asyncio.wait_for(self.ws.recv(), timeout=wait)
             except asyncio.TimeoutError:
+                if self.sid is None:
+                    await self._error(ProtocolError("start_timeout", f"no start message within {c.start_timeout_s:g} s"))
+                    await self.ws.close(1008, "no start")
+                    return
                 await self._error(ProtocolError("idle_timeout", f"no message for {c.idle_timeout_s:g} s; closing"))
-                await self._drain()
                 await self.ws.close(1000, "idle timeout")
                 return
+            if self.ws.state is not State.OPEN:
+                return  # the client is gone: what it had queued is not decoded (``end`` cancels the stream)
             try:
                 if isinstance(data, bytes):
                     self._audio(data)
@@ -215,6 +239,36 @@ class Session:
                     return
             except ProtocolError as e:
                 await self._error(e)
+            if self.sid is not None and self._too_slow():
+                await self._error(ProtocolError("too_slow", f"less than {c.min_audio_s_per_30s:g} s of audio in "
+                                                f"{RATE_WINDOW_S:g} s; closing to free the session slot"))
+                await self.ws.close(1008, "too slow")
+                return
+
+    async def _backpressure(self) -> None:
+        """Stop reading this client's socket while its undecoded audio is at the limit: a fast sender is slowed
+        down by TCP instead of having audio dropped. The time spent here does not count against its rate."""
+        if self.sid is None:
+            return
+        engine, limit = self.server.engine, self.server.config.max_backlog_s
+        if engine.backlog_s(self.sid) < limit:
+            return
+        # the client's pongs now queue behind its unread audio: keepalive cannot judge this connection any more
+        # (a dead peer is still noticed by TCP and the idle timeout)
+        self.ws.ping_timeout = None
+        while engine.backlog_s(self.sid) >= limit and self.ws.state is State.OPEN:
+            self.server.wake()
+            await asyncio.sleep(0.02)
+        self.rate_window = (time.monotonic(), 0.0)
+
+    def _too_slow(self) -> bool:
+        """A session must send at least ``min_audio_s_per_30s`` of audio (or a control message) per 30 s, so
+        that connections trickling a byte now and then cannot hold every session slot."""
+        began, audio = self.rate_window
+        if time.monotonic() - began < RATE_WINDOW_S:
+            return False
+        self.rate_window = (time.monotonic(), 0.0)
+        return audio < self.server.config.min_audio_s_per_30s
 
     def _audio(self, data: bytes) -> None:
         if self.sid is None or self.decoder is None:
@@ -222,8 +276,10 @@ class Session:
         if len(data) > self.server.config.max_frame_bytes:
             raise ProtocolError("frame_too_large", f"audio frames are limited to {self.server.config.max_frame_bytes} "
                                 f"bytes; this one has {len(data)} (dropped)")
-        self.server.engine.feed(self.sid, self.decoder(data))
-        self.server._wake.set()
+        audio = self.decoder(data)
+        self.rate_window = (self.rate_window[0], self.rate_window[1] + len(audio) / 16000)
+        self.server.engine.feed(self.sid, audio)
+        self.server.wake()
 
     async def _control(self, msg: dict) -> bool:
         """Handle a control message; True when the session is over."""
@@ -237,34 +293,38 @@ class Session:
                                                 interim=start.interim_results, step_s=self.server.config.step_s))
             self.server.sessions[self.sid] = self
             self.server.metrics.sessions_total += 1
+            self.rate_window = (time.monotonic(), 0.0)
             await _send(self.ws, {"type": "ready", "session": self.sid, "sample_rate": start.sample_rate,
                                   "encoding": start.encoding, "channels": start.channels})
             return False
         if self.sid is None:
             raise ProtocolError("not_started", f"send a start message before {kind}")
-        if kind == "close":
-            engine.feed(self.sid, self.decoder.finish())
-        await self._flush()
-        if kind == "finalize":
+        self.rate_window = (self.rate_window[0], self.rate_window[1] + self.server.config.min_audio_s_per_30s)
+        if kind == "finalize":  # coalesces with a pending one; its finals arrive as they are decoded
+            engine.flush(self.sid)
+            self.server.wake()
             return False
-        with engine.lock:
-            stats = engine.streams[self.sid].stats.as_dict()
+        engine.feed(self.sid, self.decoder.finish())
+        await self._flush_to_end()
+        stats = engine.stream_stats(self.sid) or {}
         await _send(self.ws, {"type": "closed", **stats})
         await self.ws.close(1000, "closed")
         return True
 
-    async def _flush(self) -> None:
-        """Flush the stream and wait until its last events are sent."""
+    async def _flush_to_end(self) -> None:
+        """Decode everything the stream holds and wait until its last events are sent. Messages that arrive
+        meanwhile are read (so keepalive pings are answered) and ignored."""
         engine = self.server.engine
-        with engine.lock:
-            done = engine.streams[self.sid].flushes + 1
-        engine.flush(self.sid)
-        self.server._wake.set()
+        done = engine.flush(self.sid, close=True)
+        self.server.wake()
         deadline = time.monotonic() + FLUSH_TIMEOUT_S
         while self.flushes_delivered < done:
             if time.monotonic() > deadline:
                 raise ProtocolError("flush_timeout", f"the stream could not be decoded within {FLUSH_TIMEOUT_S:g} s")
-            await asyncio.sleep(0.01)
+            try:
+                await asyncio.wait_for(self.ws.recv(), timeout=0.05)
+            except asyncio.TimeoutError:
+                pass
         await self._drain()
 
     async def _drain(self) -> None:
@@ -286,6 +346,15 @@ class Session:
                 m.audio_s += stream.stats.audio_s
                 m.accepted += stream.stats.decode.accepted
                 m.rejected += stream.stats.decode.rejected
+
+
+def _small_receive_buffer(ws: ServerConnection) -> None:
+    """Keep little of a client's unread data in the kernel: while backpressure holds a fast sender, its
+    keepalive pings and pongs queue behind what is buffered, so the less is buffered the sooner they are
+    read once decoding catches up (a large autotuned buffer holds minutes of audio)."""
+    sock = ws.transport.get_extra_info("socket") if ws.transport is not None else None
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
 
 
 async def _send(ws: ServerConnection, msg: dict) -> None:

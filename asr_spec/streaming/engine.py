@@ -28,7 +28,8 @@ class EngineConfig:
     k: int = TranscribeOptions.k
     draft_stop: float = TranscribeOptions.draft_stop
     encoder_window: str = "audio"  # "audio": encode only the buffer (plus 2 s); "full": padded 30 s windows
-    checks: TranscribeOptions = TranscribeOptions()  # Whisper's hallucination thresholds and fallback ladder
+    # Whisper's hallucination thresholds; a shorter fallback ladder than offline (each step is a full decode)
+    checks: TranscribeOptions = TranscribeOptions(temperatures=(0.0, 0.4, 0.8))
 
 
 class Engine:

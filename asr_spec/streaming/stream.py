@@ -132,23 +132,37 @@ class Stream:
         self.stats = StreamStats()
         self.arrivals: deque[tuple[float, float]] = deque(maxlen=4096)  # (stream time, wall time) of arrivals
         self._word_start: dict[int, bool] = {}
+        self._unheard: list[np.ndarray] = []  # received, not yet analysed (see ``_listen``)
+        self._unheard_s = 0.0
 
     # --- audio in -------------------------------------------------------------------------------------
     def feed(self, audio: np.ndarray) -> None:
+        """Queue received audio. It is analysed (voice activity) later, by the engine's thread (``_listen``):
+        a fast sender costs the receiving thread nothing, and VAD never competes with a decode for the CPU."""
         audio = np.asarray(audio, dtype=np.float32)
-        self.audio = np.concatenate([self.audio, audio])
+        self._unheard.append(audio)
+        self._unheard_s += len(audio) / SAMPLE_RATE
         self.stats.audio_s += len(audio) / SAMPLE_RATE
         self.arrivals.append((self.stats.audio_s, time.monotonic()))
         if self.waiting_since is None and len(audio):
             self.waiting_since = time.monotonic()
+
+    def _listen(self) -> None:
+        """Move queued audio into the buffer, running voice activity detection over it."""
+        if not self._unheard:
+            return
+        audio = np.concatenate(self._unheard)
+        self._unheard, self._unheard_s = [], 0.0
+        self.audio = np.concatenate([self.audio, audio])
         self.since_decode += len(audio) / SAMPLE_RATE
         if self.vad is not None:
             flags = self.vad(audio)
             chunk_s = VoiceActivity.CHUNK / SAMPLE_RATE
+            end = self.start + self.buffer_s
             for i, voiced in enumerate(flags):
                 if voiced:
                     self.speech, self.silence_s = True, 0.0
-                    self.last_voiced = self.stats.audio_s - (len(flags) - 1 - i) * chunk_s
+                    self.last_voiced = end - (len(flags) - 1 - i) * chunk_s
                 else:
                     self.silence_s += chunk_s
             if not self.speech and not self.committed:  # only silence so far: keep a short pre-roll
@@ -172,6 +186,7 @@ class Stream:
     def due(self) -> str | None:
         """"final" (decode and commit everything: end of utterance or flush), "window" (the buffer is full:
         commit its first window), "partial" (re-decode), or None (nothing to do yet)."""
+        self._listen()
         c = self.config
         if self.flush_requested:
             return "final"
@@ -214,7 +229,7 @@ class Stream:
     @property
     def backlog_s(self) -> float:
         """Audio received but not yet committed or skipped (what a fast sender has queued)."""
-        return self.buffer_s
+        return self.buffer_s + self._unheard_s
 
     # --- results --------------------------------------------------------------------------------------
     def apply(self, request: Request, result: RowResult, language: str | None = None, reliable: bool = True,

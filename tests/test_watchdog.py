@@ -1,0 +1,230 @@
+"""Watchdogs: `asr_spec serve` attacked the way busy services and careless clients attack it. A real server
+on loopback with the embedded models; real WebSocket clients. Every session's words must arrive (WER
+against the offline transcript of the same audio), the other sessions keep being served, ``/healthz``
+answers, and the engine is idle soon after the clients leave. Every wait has a deadline."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+import urllib.request
+from collections import Counter
+
+import jiwer
+import numpy as np
+import pytest
+from conftest import DEV
+from test_server import pcm16, running
+from websockets.sync.client import connect
+from whisper_normalizer.english import EnglishTextNormalizer
+
+from asr_spec.audio import load_audio
+from asr_spec.clients.stream import stream_file
+from asr_spec.models.loader import default_draft, load_draft
+from asr_spec.transcribe import TranscribeOptions, Transcriber
+
+pytestmark = pytest.mark.slow
+normalize = EnglishTextNormalizer()
+
+
+@pytest.fixture(scope="module")
+def transcriber(base_model):
+    return Transcriber(base_model, load_draft(default_draft("whisper-base"), base_model))
+
+
+@pytest.fixture(scope="module")
+def server(transcriber):
+    with running(transcriber, max_sessions=12, idle_timeout_s=60) as s:
+        yield s
+
+
+def manifest() -> list[dict]:
+    return [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
+
+
+def joined(seconds: float, offset: int, gap_s: float = 0.0) -> np.ndarray:
+    """Dev utterances back to back (``gap_s`` of silence between them) until ``seconds`` of audio."""
+    items, parts, total, i = manifest(), [], 0.0, offset
+    while total < seconds:
+        a = load_audio(DEV / items[i % len(items)]["audio"])
+        parts += [a, np.zeros(int(gap_s * 16000), np.float32)]
+        total += len(a) / 16000 + gap_s
+        i += 1
+    return np.concatenate(parts)
+
+
+def finals_text(events: list[dict]) -> str:
+    return " ".join(e["text"] for e in events if e["type"] == "final" and e["text"])
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    return 100 * jiwer.wer(normalize(reference), normalize(hypothesis))
+
+
+def loops(text: str, n: int = 6, most: int = 3) -> list[str]:
+    """Word n-grams repeated more than ``most`` times (a decoder stuck in a loop repeats whole phrases)."""
+    w = re.findall(r"[a-z']+", text.lower())
+    counts = Counter(" ".join(w[i:i + n]) for i in range(len(w) - n + 1))
+    return [g for g, c in counts.items() if c > most]
+
+
+def closed_event(events: list[dict]) -> dict:
+    closed = [e for e in events if e["type"] == "closed"]
+    assert closed, f"no closed event; last events: {events[-3:]}"
+    return closed[-1]
+
+
+def wait_idle(server, seconds: float) -> float:
+    """Seconds until the engine has no stream and nothing due; fails after ``seconds``."""
+    t0 = time.monotonic()
+    while server.engine.snapshot() or server.engine.pending():
+        assert time.monotonic() - t0 < seconds, f"engine still busy: {server.engine.snapshot()}"
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def healthy(url: str) -> bool:
+    port = url.rsplit(":", 1)[1]
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10).read() == b"ok\n"
+
+
+def run_with_deadline(fn, seconds: float):
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.setdefault("v", fn()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"{fn} did not finish within {seconds} s"
+    return out["v"]
+
+
+def test_fast_sender_long_form_loses_nothing(server, transcriber):
+    """The 237 s talk twice in one session, as fast as the server lets the client send (backpressure):
+    the offline transcript's words, no repeated-phrase loop, every received second decoded."""
+    srv, url = server
+    meta = json.loads((DEV / "longform" / "manifest.jsonl").read_text().splitlines()[0])
+    talk = load_audio(DEV / "longform" / meta["audio"])
+    offline = transcriber.transcribe(talk, TranscribeOptions(language="en")).text
+    events = run_with_deadline(lambda: stream_file(url, np.concatenate([talk, talk]), None), 600)
+    closed = closed_event(events)
+    text = finals_text(events)
+    print(f"fast long-form x2: WER vs offline {wer(offline + ' ' + offline, text):.2f} %, offline vs reference "
+          f"{wer(meta['text'], offline):.2f} %; closed {closed}")
+    assert closed["audio_seconds"] == pytest.approx(2 * len(talk) / 16000, abs=0.01)
+    assert closed["decoded_seconds"] == pytest.approx(closed["audio_seconds"], abs=0.01)
+    assert wer(offline + " " + offline, text) <= wer(meta["text"], offline) + 2.0
+    assert not loops(text), loops(text)
+    wait_idle(srv, 5)
+
+
+def test_eight_concurrent_fast_senders_each_get_their_words(server, transcriber):
+    srv, url = server
+    audios = [joined(25, 9 * i, gap_s=0.4) for i in range(8)]
+    results: list = [None] * 8
+
+    def one(i: int) -> None:
+        results[i] = stream_file(url, audios[i], None)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert all(not t.is_alive() for t in threads), "a session did not finish within 600 s"
+    assert healthy(url)
+    for i, (audio, events) in enumerate(zip(audios, results)):
+        offline = transcriber.transcribe(audio, TranscribeOptions(language="en")).text
+        closed = closed_event(events)
+        print(f"session {i}: WER vs offline {wer(offline, finals_text(events)):.2f} %, {closed}")
+        assert closed["decoded_seconds"] == pytest.approx(closed["audio_seconds"], abs=0.01)
+        assert wer(offline, finals_text(events)) <= 10.0, (offline, finals_text(events))
+    wait_idle(srv, 5)
+
+
+def test_finalize_spam_neither_hallucinates_nor_starves_a_normal_session(server):
+    """An attacker sends finalize after every 100 ms frame; a normal client beside it still gets its first
+    final in time, the attacker's 100 ms pieces are never decoded alone, and the engine is idle soon after."""
+    srv, url = server
+    attack_audio = joined(8, 3)
+    attacker_events: list[dict] = []
+
+    def attack() -> None:
+        with connect(url, open_timeout=30) as ws:
+            ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "pcm_s16le"}))
+            for i in range(0, len(attack_audio), 1600):
+                ws.send(pcm16(attack_audio[i:i + 1600]))
+                ws.send(json.dumps({"type": "finalize"}))
+                time.sleep(0.02)
+            ws.send(json.dumps({"type": "close"}))
+            for message in ws:
+                attacker_events.append(json.loads(message))
+
+    attacker = threading.Thread(target=attack, daemon=True)
+    attacker.start()
+    time.sleep(1.0)
+    t0, first_final = time.monotonic(), []
+    jfk = load_audio(DEV / "jfk-inaugural-1961-ask-not.wav")
+    normal = run_with_deadline(lambda: stream_file(url, jfk, 1.0, lambda e: e["type"] == "final" and e["text"]
+                                                   and first_final.append(time.monotonic() - t0)), 120)
+    attacker.join(300)
+    assert not attacker.is_alive(), "the attacker's session did not end"
+    left = time.monotonic()
+    assert "ask not what your country can do for you" in normalize(finals_text(normal))
+    first_word_end = 3.2  # "And so, my fellow Americans" ends about 3.2 s into the clip
+    print(f"normal session's first final {first_final[0]:.2f} s after it started; attacker {closed_event(attacker_events)}")
+    assert first_final[0] - first_word_end <= 6.0
+    finals = [e for e in attacker_events if e["type"] == "final" and e["text"]]
+    assert finals and all(len(e["text"]) < 400 for e in finals)  # no 1000-character hallucinated finals
+    assert closed_event(attacker_events)["decodes"] <= 3 * len(attack_audio) / 16000  # not one decode per frame
+    assert wait_idle(srv, 5) <= 5 and time.monotonic() - left < 10
+
+
+def test_flood_and_disconnect_is_cancelled_at_once(server):
+    srv, url = server
+    flood = joined(30, 5)
+    ws = connect(url, open_timeout=30)
+    ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "pcm_s16le"}))
+    for i in range(0, 300 * 1600, 1600):
+        ws.send(pcm16(flood[i:i + 1600]))
+    ws.socket.close()  # abrupt: no close message, no closing handshake
+    left = time.monotonic()
+    idle = wait_idle(srv, 5)
+    print(f"engine idle {idle:.2f} s after the flooding client left")
+    assert healthy(url)
+    events = run_with_deadline(lambda: stream_file(url, load_audio(DEV / "jfk-inaugural-1961-ask-not.wav"), None), 120)
+    assert "ask not what your country" in normalize(finals_text(events)) and time.monotonic() - left < 120
+
+
+def test_three_minutes_without_pauses(server, transcriber):
+    """Continuous speech (dev utterances with the pauses cut out) never locks into a repeated sentence."""
+    srv, url = server
+    audio = joined(180, 20)
+    offline = transcriber.transcribe(audio, TranscribeOptions(language="en")).text
+    events = run_with_deadline(lambda: stream_file(url, audio, None), 600)
+    text = finals_text(events)
+    closed = closed_event(events)
+    print(f"3 min without pauses: WER vs offline {wer(offline, text):.2f} %; {closed}")
+    assert closed["decoded_seconds"] == pytest.approx(closed["audio_seconds"], abs=0.01)
+    assert not loops(text), loops(text)
+    assert wer(offline, text) <= 10.0
+    wait_idle(srv, 5)
+
+
+def test_token_dense_german_speech(server, tmp_path):
+    """German (espeak-ng) is token-dense: the decoder's room fills faster; the stream must still end, with
+    every second decoded and no loop."""
+    srv, url = server
+    wav = tmp_path / "de.wav"
+    text = ("Die Donaudampfschifffahrtsgesellschaft veröffentlichte gestern ihre Jahresberichte. "
+            "Zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich. ") * 6
+    subprocess.run(["espeak-ng", "-v", "de", "-s", "170", "-w", str(wav), text], check=True, timeout=60)
+    audio = load_audio(wav)
+    events = run_with_deadline(lambda: stream_file(url, audio, None, language="de"), 300)
+    closed = closed_event(events)
+    streamed = finals_text(events)
+    print(f"German {len(audio) / 16000:.1f} s: {closed}; text {streamed[:200]!r}")
+    assert closed["decoded_seconds"] == pytest.approx(closed["audio_seconds"], abs=0.01)
+    assert "Boxkämpfer" in streamed or "Donau" in streamed
+    assert not loops(streamed, most=8)  # the text itself repeats 6 times
+    wait_idle(srv, 5)
