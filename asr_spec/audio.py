@@ -2,6 +2,7 @@
 to 16 kHz mono float32."""
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,8 @@ import soxr
 
 SAMPLE_RATE = 16000
 SILENCE_DBFS = -70.0  # a file whose peak stays below this holds no audible sound
+_NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
 class AudioError(ValueError):
@@ -33,11 +36,16 @@ def to_mono_16k(samples: np.ndarray, rate: int) -> np.ndarray:
 def load_audio(path: str | Path) -> np.ndarray:
     """Decode and resample one file; raises :class:`AudioError` naming the file and the problem."""
     p = Path(path)
-    if not p.exists():
-        raise AudioError(p, "no such file")
-    if p.is_dir():
-        raise AudioError(p, "is a directory, not an audio file")
-    if p.stat().st_size == 0:
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise AudioError(p, "no such file") from None
+    except OSError as e:
+        raise AudioError(p, f"cannot access ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):  # never opened: reading a FIFO or a device could block forever
+        kind = next((name for is_kind, name in _NOT_REGULAR if is_kind(st.st_mode)), "a special file")
+        raise AudioError(p, f"is {kind}, not a regular file")
+    if st.st_size == 0:
         raise AudioError(p, "empty file (0 bytes)")
     try:
         samples, rate = sf.read(str(p), dtype="float32", always_2d=True)
@@ -45,6 +53,8 @@ def load_audio(path: str | Path) -> np.ndarray:
         raise AudioError(p, f"cannot decode audio ({e})") from None
     if samples.shape[0] == 0:
         raise AudioError(p, "contains no audio (zero length)")
+    if bad := samples.size - np.count_nonzero(np.isfinite(samples)):
+        raise AudioError(p, f"non-finite samples (NaN or Inf): {bad} of {samples.size}")
     audio = to_mono_16k(samples, rate)
     peak = float(np.abs(audio).max()) if audio.size else 0.0
     if peak == 0.0 or 20 * np.log10(peak) < SILENCE_DBFS:

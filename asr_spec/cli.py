@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -28,6 +29,22 @@ def _writable_dir(path: Path) -> str | None:
     if not os.access(path, os.W_OK | os.X_OK):
         return f"output directory {path} is not writable"
     return None
+
+
+def _unique_stems(natural: list[str]) -> list[str]:
+    """One output name per input, in order: its own stem, or for a later input whose stem an earlier one
+    already has (a/x.wav, b/x.wav, x.flac) the stem with -2, -3, ... skipping stems that other inputs have.
+    Compared case-insensitively, as some file systems do."""
+    taken = {s.casefold() for s in natural}
+    used: set[str] = set()
+    stems = []
+    for stem in natural:
+        if stem.casefold() in used:
+            stem = next(c for n in itertools.count(2) if (c := f"{stem}-{n}").casefold() not in taken)
+            taken.add(stem.casefold())
+        used.add(stem.casefold())
+        stems.append(stem)
+    return stems
 
 
 def _load_models(args: argparse.Namespace):
@@ -178,20 +195,23 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
                                 k=TranscribeOptions.k if args.k is None else args.k,
                                 draft_stop=TranscribeOptions.draft_stop if args.draft_stop is None else args.draft_stop,
                                 temperatures=_temperatures(args.temperature, not args.no_fallback),
-                                seed=args.seed)
+                                seed=args.seed, encoder_window=args.encoder_window)
     transcriber = Transcriber(target, draft)
 
     def seconds(f: Path) -> float:
+        if not f.is_file():  # a FIFO or device could block: load_audio refuses it without opening it
+            return 0.0
         try:
             return sf.info(str(f)).duration
         except Exception:  # noqa: BLE001 - reported properly when the file is loaded
             return 0.0
 
+    natural = ["sample" if f == SAMPLE else f.stem for f in files]
     failures = 0
     bar = tqdm(total=round(sum(seconds(f) for f in files), 1), unit="s", unit_scale=True, file=sys.stderr,
                disable=args.quiet or None, bar_format="{desc} {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s audio [{elapsed}<{remaining}]")
     try:
-        for i, f in enumerate(files, 1):
+        for i, (f, name, stem) in enumerate(zip(files, natural, _unique_stems(natural)), 1):
             bar.set_description(f"[{i}/{len(files)}] {f.name}")
             done = bar.n
             try:
@@ -208,12 +228,13 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
             bar.write(f"{f}: {st['audio_seconds']:.1f} s audio in {wall:.2f} s (RTF {wall / st['audio_seconds']:.3f}; "
                       f"encoder {st['encoder_seconds']:.2f} s, decode {st['decode_seconds']:.2f} s), "
                       f"{st['tokens']} tokens, {st['target_passes']} target passes"
-                      + (f", acceptance {st['acceptance']:.0%}, {st['tokens_per_pass']:.2f} tokens/pass" if draft else ""),
+                      + (f", acceptance {st['acceptance']:.0%}, {st['tokens_per_pass']:.2f} tokens/pass" if draft else "")
+                      + (f"; written as {out_dir / stem}.* ({name} is taken by an earlier input)"
+                         if out_dir is not None and stem != name else ""),
                       file=sys.stderr)
             print(result.text if len(files) == 1 else f"{f}: {result.text}", flush=True)
             if out_dir is not None:
                 extra = {"file": str(f), "model": target.name, "draft": draft.name if draft else None}
-                stem = f.stem if f != SAMPLE else "sample"
                 try:
                     write_outputs(result, stem, out_dir, formats, extra)
                 except OSError as e:
@@ -241,7 +262,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                        systems=tuple(s.strip() for s in args.systems.split(",") if s.strip()),
                        ks=tuple(int(k) for k in args.k.split(",")),
                        draft_stops=tuple(float(p) for p in args.draft_stop.split(",")), limit=args.limit, repeat=args.repeat,
-                       encoder_dtype=args.encoder_dtype,
+                       encoder_dtype=args.encoder_dtype, encoder_window=args.encoder_window,
                        temperature=args.temperature, seeds=args.seeds, model=args.model,
                        draft=(default_draft(args.model) or "layers:0,5") if args.draft == DEFAULT_DRAFT else args.draft,
                        language=args.language or None, threads=args.threads)
@@ -306,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--task", choices=["transcribe", "translate"], default="transcribe")
     t.add_argument("--no-timestamps", action="store_true", help="decode without timestamps (one segment per window)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--encoder-window", choices=["full", "audio"], default="full",
+                   help="full: Whisper's padded 30 s encoder window (exact Whisper, default); audio: encode only the "
+                   "window's audio rounded up to 1 s (faster on short files; slightly different text, see README)")
     t.set_defaults(func=cmd_transcribe)
 
     v = sub.add_parser("serve", help="streaming transcription over WebSockets (docs/protocol.md)")
@@ -346,6 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--k", default="3", help="comma list of K for spec (one run each)")
     e.add_argument("--encoder-dtype", choices=["float32", "bfloat16"], default="float32",
                    help="encoder precision of our systems (target, spec, draft)")
+    e.add_argument("--encoder-window", choices=["full", "audio"], default="full",
+                   help="our systems' encoder input: padded 30 s windows (default) or only the audio")
     e.add_argument("--draft-stop", default="0.3", help="comma list of adaptive draft-length thresholds (one run per K and each)")
     e.add_argument("--temperature", type=float, default=0.5, help="temperature of spec-sample")
     e.add_argument("--seeds", type=int, default=1, help="spec-sample runs (seeds 0..N-1)")

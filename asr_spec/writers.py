@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 from .transcribe import Transcript
@@ -51,14 +51,16 @@ def render(t: Transcript, fmt: str, extra: dict | None = None) -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the whole new one, never a part."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one, never a part.
+    The file gets the mode of any newly created file (0o666 less the umask)."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.part")
+    f = open(tmp, "x", encoding="utf-8")  # exclusive create, permissions from the umask (unlike mkstemp's 0600)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with f:
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

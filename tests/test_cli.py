@@ -1,10 +1,13 @@
 """The ``asr_spec transcribe`` command as a user runs it: good files in several formats, each kind of bad
-input, an unwritable output directory, and Ctrl-C."""
+input (non-finite samples, FIFOs and devices included), an unwritable output directory, inputs with the same
+name, output permissions, and Ctrl-C."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -13,7 +16,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from asr_spec.writers import write_atomic
+from asr_spec.writers import FORMATS, write_atomic
 
 from conftest import DEV
 
@@ -21,9 +24,17 @@ pytestmark = pytest.mark.slow
 DRAFT = ["--draft", "layers:0,1,2,3,5"]
 
 
-def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "asr_spec", "transcribe", "--quiet", *args],
-                          capture_output=True, text=True, timeout=timeout)
+def run(*args: str, timeout: int = 600, **kw) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run([sys.executable, "-m", "asr_spec", "transcribe", "--quiet", *args],
+                              capture_output=True, text=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired as e:
+        seen = [v.decode(errors="replace") if isinstance(v, bytes) else v for v in (e.stdout, e.stderr)]
+        pytest.fail(f"asr_spec transcribe still running after {timeout} s; stdout: {seen[0]!r}; stderr: {seen[1]!r}")
+
+
+def error_line(stderr: str, name: str) -> str:
+    return next((ln for ln in stderr.splitlines() if name in ln and ln.startswith("error")), "")
 
 
 def test_bundled_sample_prints_its_text():
@@ -77,11 +88,63 @@ def test_bad_inputs_are_reported_and_the_rest_is_transcribed(tmp_path):
     reasons = {"missing.wav": "no such file", "empty.wav": "empty file", "corrupt.wav": "cannot decode",
                "zero.wav": "zero length", "silent.wav": "silent"}
     for name, reason in reasons.items():
-        line = next((ln for ln in r.stderr.splitlines() if name in ln and ln.startswith("error")), "")
-        assert reason in line, (name, r.stderr)
+        assert reason in error_line(r.stderr, name), (name, r.stderr)
     assert "5 of 6 file(s) failed" in r.stderr
     assert sorted(p.name for p in out.iterdir()) == ["LJ001-0002.json"]
     assert "comparatively modern" in r.stdout.lower()
+
+
+def test_non_finite_samples_are_a_bad_file_and_the_rest_is_transcribed(tmp_path):
+    speech, rate = sf.read(DEV / "LJ001-0002.wav", dtype="float32")
+    for name, value in (("nan.wav", np.nan), ("inf.wav", -np.inf)):
+        bad = speech.copy()
+        bad[rate // 2] = value
+        sf.write(tmp_path / name, bad, rate, subtype="FLOAT")
+        assert not np.isfinite(sf.read(tmp_path / name)[0]).all()
+    out = tmp_path / "out"
+    r = run(str(tmp_path / "nan.wav"), str(tmp_path / "inf.wav"), str(DEV / "LJ001-0002.wav"), "--output-dir", str(out),
+            "--format", "json", "--no-draft", "--language", "en", timeout=300)
+    assert r.returncode == 1, r.stderr
+    for name in ("nan.wav", "inf.wav"):
+        assert "non-finite samples (NaN or Inf): 1 of" in error_line(r.stderr, name), (name, r.stderr)
+    assert "2 of 3 file(s) failed" in r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["LJ001-0002.json"]
+    assert "comparatively modern" in r.stdout.lower()
+
+
+def test_fifo_directory_and_device_are_refused_without_opening_them(tmp_path):
+    os.mkfifo(tmp_path / "pipe.wav")  # opening it for reading would block until a writer comes: none will
+    (tmp_path / "folder.wav").mkdir()
+    r = run(str(tmp_path / "pipe.wav"), str(tmp_path / "folder.wav"), "/dev/null", str(DEV / "LJ001-0002.wav"),
+            "--no-draft", "--language", "en", timeout=300)
+    assert r.returncode == 1, r.stderr
+    kinds = {"pipe.wav": "a FIFO (named pipe)", "folder.wav": "a directory", "/dev/null": "a character device"}
+    for name, kind in kinds.items():
+        assert f"is {kind}, not a regular file" in error_line(r.stderr, name), (name, r.stderr)
+    assert "3 of 4 file(s) failed" in r.stderr
+    assert "comparatively modern" in r.stdout.lower()
+
+
+def test_inputs_with_the_same_name_get_their_own_outputs(tmp_path):
+    speech, rate = sf.read(DEV / "LJ001-0002.wav", dtype="float32")
+    for sub in ("a", "b", "c"):
+        (tmp_path / sub).mkdir()
+    shutil.copy(DEV / "LJ001-0002.wav", tmp_path / "a" / "same.wav")
+    shutil.copy(DEV / "LJ001-0002.wav", tmp_path / "b" / "same.wav")
+    shutil.copy(DEV / "LJ001-0002.wav", tmp_path / "c" / "same-2.wav")  # its own name: b/same.wav must skip it
+    shutil.copy(DEV / "LJ001-0002.wav", tmp_path / "x.wav")
+    sf.write(tmp_path / "x.flac", speech, rate)
+    where = {"same.json": "a/same.wav", "same-3.json": "b/same.wav", "same-2.json": "c/same-2.wav",
+             "x.json": "x.wav", "x-2.json": "x.flac"}
+    out = tmp_path / "out"
+    r = run(*[str(tmp_path / f) for f in ("a/same.wav", "b/same.wav", "c/same-2.wav", "x.wav", "x.flac")],
+            "--output-dir", str(out), "--format", "json", "--no-draft", "--language", "en", timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert {p.name: json.loads(p.read_text())["file"] for p in out.iterdir()} == {
+        name: str(tmp_path / f) for name, f in where.items()}
+    for f, name in (("b/same.wav", "same-3"), ("x.flac", "x-2")):
+        line = next((ln for ln in r.stderr.splitlines() if ln.startswith(str(tmp_path / f))), "")
+        assert f"written as {out / name}.*" in line, (f, r.stderr)
 
 
 def test_unwritable_output_directory_is_a_clear_error(tmp_path):
@@ -121,6 +184,21 @@ def test_atomic_write_keeps_the_old_file_when_interrupted(tmp_path, monkeypatch)
         write_atomic(target, "new text")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["t.txt"]
+
+
+def test_outputs_get_the_mode_the_umask_gives_new_files(tmp_path):
+    out = tmp_path / "out"
+    r = run(str(DEV / "LJ001-0002.wav"), "--output-dir", str(out), "--format", "all", "--no-draft", "--language", "en",
+            timeout=300, preexec_fn=lambda: os.umask(0o022))
+    assert r.returncode == 0, r.stderr
+    assert {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in out.iterdir()} == {
+        f"LJ001-0002.{fmt}": oct(0o644) for fmt in FORMATS}
+    old = os.umask(0o027)
+    try:
+        write_atomic(out / "LJ001-0002.txt", "overwritten")  # replacing an existing file, with another umask
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((out / "LJ001-0002.txt").stat().st_mode) == 0o640
 
 
 
