@@ -139,6 +139,12 @@ class Transcriber:
             return not silent
         return False
 
+    def overruns(self, r: RowResult, positions: int) -> bool:
+        """Whether a decode's timestamps run past the ``positions`` encoder positions it heard (a window encoded
+        at its audio's length gives the decoder no silence to end on; it may loop on into time it never heard)."""
+        tb = self.vocab.timestamp_begin
+        return any(t - tb > positions for t in r.tokens if t >= tb)
+
     def transcribe(self, audio: np.ndarray, options: TranscribeOptions = TranscribeOptions(),
                    use_draft: bool = True, progress=None) -> Transcript:
         o, v = options, self.vocab
@@ -166,6 +172,13 @@ class Transcriber:
             for i, temperature in enumerate(o.temperatures):
                 result = self.decode(memories, [prompt], temperature, o.k, o.timestamps, generator, use_draft,
                                      o.draft_stop)[0]
+                if frames < N_FRAMES and (self.overruns(result, memories[0].shape[1]) or self.needs_fallback(result, o)):
+                    frames = N_FRAMES  # decode this window again the way Whisper does: padded to 30 s
+                    memories = self.encode(window(mel, seek, frames)[None])
+                    stats.decode.add(result.stats)
+                    stats.fallbacks += 1
+                    result = self.decode(memories, [prompt], temperature, o.k, o.timestamps, generator, use_draft,
+                                         o.draft_stop)[0]
                 stats.decode.add(result.stats)
                 if i + 1 == len(o.temperatures) or not self.needs_fallback(result, o):
                     break

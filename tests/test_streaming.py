@@ -71,3 +71,25 @@ def test_voice_activity_detection_leaves_torch_threads_alone():
         assert not any(flags[:25]) and sum(flags[40:]) > 20  # silence, then speech
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_decode_that_runs_past_its_audio_is_decoded_again_on_a_full_window(transcriber):
+    """Dev utterances back to back (30.7 s, sent at once): the last 2 s, encoded at their own length, made the
+    decoder loop ("printing beautiful letters," x4, timestamps up to 25 s) — such a row is decoded again on
+    Whisper's padded 30 s window, so the stream ends with the offline transcript's words."""
+    items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
+    pause = np.zeros(int(0.4 * 16000), np.float32)
+    parts = []
+    for item in items[9:]:
+        parts += [load_audio(DEV / item["audio"]), pause]
+        if sum(map(len, parts)) >= 25 * 16000:
+            break
+    audio = np.concatenate(parts)
+    offline = transcriber.transcribe(audio, TranscribeOptions(language="en")).text
+    stats: list = []
+    events = stream_audio(Engine(transcriber), audio, StreamConfig(language="en"), chunk_s=len(audio) / 16000, stats=stats)
+    finals = [e for e in events if e.type == "final" and e.text]
+    streamed = " ".join(e.text for e in finals)
+    print(f"{len(audio) / 16000:.1f} s; {stats[0].as_dict()}; {streamed!r}")
+    assert finals[-1].end <= len(audio) / 16000 + 0.5
+    assert jiwer.wer(normalize(offline), normalize(streamed)) <= 0.05, (offline, streamed)

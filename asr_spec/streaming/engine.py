@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..features import HOP, encoder_frames, log_mel, window
+from ..features import HOP, N_FRAMES, encoder_frames, log_mel, window
 from ..transcribe import TranscribeOptions, Transcriber
 from .stream import Event, Request, Stream, StreamConfig
 
@@ -128,7 +128,9 @@ class Engine:
     @torch.inference_mode()
     def _decode(self, requests: list[Request]) -> list[tuple]:
         """Encode each request at its own length, decode all rows together, and decode again at higher
-        temperatures the committing rows that fail Whisper's hallucination checks (as ``transcribe`` does)."""
+        temperatures the committing rows that fail Whisper's hallucination checks (as ``transcribe`` does). A row
+        encoded at its audio's length that runs past it or fails the checks is first decoded again on a padded 30 s
+        window (Whisper's own input), and its temperature ladder runs there."""
         tr, c = self.transcriber, self.config
         device = tr.target.decoder.device
         encoded = [tr.encode(window(log_mel(r.audio, tr.target.n_mels), 0,
@@ -146,10 +148,16 @@ class Engine:
                             memory_lengths=lengths)
         out = []
         for i, (r, result) in enumerate(zip(requests, results)):
-            fallbacks, reliable = 0, not tr.needs_fallback(result, c.checks)
+            row = (memories[0][i:i + 1, :lengths[i]], memories[1][i:i + 1, :lengths[i]] if memories[1] is not None else None)
+            fallbacks = 0
+            if lengths[i] < N_FRAMES // 2 and (tr.overruns(result, lengths[i])
+                                               or (r.final and tr.needs_fallback(result, c.checks))):
+                fallbacks += 1  # looped past its audio, or failed the checks: decode it again as Whisper would,
+                row = tr.encode(window(log_mel(r.audio, tr.target.n_mels), 0, N_FRAMES)[None].to(device))  # 30 s
+                result = tr.decode(row, [prompts[i]], 0.0, c.k, True, None, draft_stop=c.draft_stop,
+                                   prefixes=[r.prefix], hints=[r.hint])[0]
+            reliable = not tr.needs_fallback(result, c.checks)
             if r.final and not reliable:
-                row = (memories[0][i:i + 1, :lengths[i]],
-                       memories[1][i:i + 1, :lengths[i]] if memories[1] is not None else None)
                 generator = torch.Generator(device=device).manual_seed(c.checks.seed)
                 for temperature in c.checks.temperatures[1:]:
                     fallbacks += 1
