@@ -139,11 +139,16 @@ class Transcriber:
             return not silent
         return False
 
-    def overruns(self, r: RowResult, positions: int) -> bool:
-        """Whether a decode's timestamps run past the ``positions`` encoder positions it heard (a window encoded
-        at its audio's length gives the decoder no silence to end on; it may loop on into time it never heard)."""
+    def suspect(self, r: RowResult, positions: int) -> bool:
+        """Whether a decode of a window encoded at its audio's length (``positions`` encoder positions) looks
+        like the decoder ran on without silence to end on: a timestamp past the audio it heard, or a phrase of
+        4 or more tokens repeated at once. Such a window is decoded again on Whisper's padded 30 s window."""
         tb = self.vocab.timestamp_begin
-        return any(t - tb > positions for t in r.tokens if t >= tb)
+        if any(t - tb > positions for t in r.tokens if t >= tb):
+            return True
+        text = [t for t in r.tokens if t < tb]
+        return any(text[i:i + n] == text[i + n:i + 2 * n]
+                   for n in range(4, len(text) // 2 + 1) for i in range(len(text) - 2 * n + 1))
 
     def transcribe(self, audio: np.ndarray, options: TranscribeOptions = TranscribeOptions(),
                    use_draft: bool = True, progress=None) -> Transcript:
@@ -172,7 +177,7 @@ class Transcriber:
             for i, temperature in enumerate(o.temperatures):
                 result = self.decode(memories, [prompt], temperature, o.k, o.timestamps, generator, use_draft,
                                      o.draft_stop)[0]
-                if frames < N_FRAMES and (self.overruns(result, memories[0].shape[1]) or self.needs_fallback(result, o)):
+                if frames < N_FRAMES and (self.suspect(result, memories[0].shape[1]) or self.needs_fallback(result, o)):
                     frames = N_FRAMES  # decode this window again the way Whisper does: padded to 30 s
                     memories = self.encode(window(mel, seek, frames)[None])
                     stats.decode.add(result.stats)

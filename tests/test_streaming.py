@@ -10,6 +10,7 @@ from conftest import DEV
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from asr_spec.audio import load_audio
+from asr_spec.decoding.speculative import RowResult, RowStats
 from asr_spec.models.loader import default_draft, load_draft
 from asr_spec.streaming.engine import Engine, stream_audio
 from asr_spec.streaming.stream import StreamConfig
@@ -93,3 +94,17 @@ def test_a_decode_that_runs_past_its_audio_is_decoded_again_on_a_full_window(tra
     print(f"{len(audio) / 16000:.1f} s; {stats[0].as_dict()}; {streamed!r}")
     assert finals[-1].end <= len(audio) / 16000 + 0.5
     assert jiwer.wer(normalize(offline), normalize(streamed)) <= 0.05, (offline, streamed)
+
+
+def test_a_looped_or_overrunning_decode_is_suspect(transcriber):
+    tb, encode = transcriber.vocab.timestamp_begin, transcriber.target.tokenizer.encode
+    phrase = encode(" which are an exact imitation,")
+
+    def row(tokens: list[int]) -> RowResult:
+        return RowResult(tokens, -0.1 * len(tokens), 0.0, RowStats())
+
+    said = encode(" in letters which are an exact imitation.")
+    assert not transcriber.suspect(row([tb] + said + [tb + 150]), positions=250)
+    assert transcriber.suspect(row([tb] + said + [tb + 300]), positions=250)  # a timestamp past the audio
+    assert transcriber.suspect(row([tb] + phrase * 2), positions=250)  # a phrase repeated at once
+    assert not transcriber.suspect(row([tb] + phrase + encode(" and") + phrase), positions=250)

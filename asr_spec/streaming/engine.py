@@ -129,8 +129,8 @@ class Engine:
     def _decode(self, requests: list[Request]) -> list[tuple]:
         """Encode each request at its own length, decode all rows together, and decode again at higher
         temperatures the committing rows that fail Whisper's hallucination checks (as ``transcribe`` does). A row
-        encoded at its audio's length that runs past it or fails the checks is first decoded again on a padded 30 s
-        window (Whisper's own input), and its temperature ladder runs there."""
+        encoded at its audio's length that looks looped (``Transcriber.suspect``) or fails the checks is first
+        decoded again on a padded 30 s window (Whisper's own input), and its temperature ladder runs there."""
         tr, c = self.transcriber, self.config
         device = tr.target.decoder.device
         encoded = [tr.encode(window(log_mel(r.audio, tr.target.n_mels), 0,
@@ -150,9 +150,9 @@ class Engine:
         for i, (r, result) in enumerate(zip(requests, results)):
             row = (memories[0][i:i + 1, :lengths[i]], memories[1][i:i + 1, :lengths[i]] if memories[1] is not None else None)
             fallbacks = 0
-            if lengths[i] < N_FRAMES // 2 and (tr.overruns(result, lengths[i])
+            if lengths[i] < N_FRAMES // 2 and (tr.suspect(result, lengths[i])
                                                or (r.final and tr.needs_fallback(result, c.checks))):
-                fallbacks += 1  # looped past its audio, or failed the checks: decode it again as Whisper would,
+                fallbacks += 1  # looped, or failed the checks: decode it again as Whisper would,
                 row = tr.encode(window(log_mel(r.audio, tr.target.n_mels), 0, N_FRAMES)[None].to(device))  # 30 s
                 result = tr.decode(row, [prompts[i]], 0.0, c.k, True, None, draft_stop=c.draft_stop,
                                    prefixes=[r.prefix], hints=[r.hint])[0]
