@@ -98,9 +98,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           idle_timeout_s=args.idle_timeout, step_s=args.step)
     if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
         print("warning: listening beyond localhost without --api-key", file=sys.stderr)
-    try:
-        asyncio.run(Server(engine, config).serve_forever())
-    except KeyboardInterrupt:
+    try:  # SIGINT/SIGTERM: sessions are closed with 1001, the inference thread joined, and the exit code is 0
+        asyncio.run(Server(engine, config).serve_forever(handle_signals=True))
+    except KeyboardInterrupt:  # a Ctrl-C before the signal handlers are in place
         pass
     except OSError as e:
         print(f"error: cannot listen on {config.host}:{config.port}: {e.strerror or e}", file=sys.stderr)

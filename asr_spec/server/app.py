@@ -10,6 +10,8 @@ import asyncio
 import hmac
 import json
 import logging
+import re
+import signal
 import socket
 import threading
 import time
@@ -30,6 +32,9 @@ from .protocol import AudioDecoder, ProtocolError, parse_message, parse_start
 log = logging.getLogger("asr_spec.serve")
 STATIC = Path(__file__).parent / "static"
 FLUSH_TIMEOUT_S = 120.0
+SHUTDOWN_CLOSE_S = 3.0  # on SIGINT/SIGTERM, sessions get this long to complete the closing handshake (1001)
+SHUTDOWN_JOIN_S = 30.0  # and the inference thread this long to finish the decode it is running
+HTTP_METHODS = ("GET", "HEAD")
 RATE_WINDOW_S = 30.0
 RECEIVE_BUFFER_BYTES = 64 * 1024  # about 2 s of 16 kHz 16-bit audio
 
@@ -48,6 +53,46 @@ class ServerConfig:
     max_backlog_s: float = 40.0  # a session's undecoded audio beyond which its socket is not read (backpressure)
     start_timeout_s: float = 10.0  # a connection must send its start message within this
     min_audio_s_per_30s: float = 1.0  # a started session sending less is closed (trickling connections)
+
+
+_SECRETS = re.compile(r"(?i)(api(?:_|%5f)key=)[^&\s#'\"]*|(\bauthorization:\s*(?:bearer\s+)?)[^\s'\"]+")
+
+
+def redact(text: str) -> str:
+    """``text`` with API keys hidden: ``api_key=VALUE`` (a URL's query) and ``Authorization: Bearer VALUE``."""
+    return _SECRETS.sub(lambda m: (m.group(1) or m.group(2)) + "***", text)
+
+
+class RedactSecrets(logging.Filter):
+    """Logs never show the API key: the message, its exception text and stack are redacted (see :func:`redact`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+            if (clean := redact(message)) != message:
+                record.msg, record.args = clean, ()
+            if record.exc_info and not record.exc_text:
+                record.exc_text = logging.Formatter().formatException(record.exc_info)
+            if record.exc_text:
+                record.exc_text = redact(record.exc_text)
+            if record.stack_info:
+                record.stack_info = redact(record.stack_info)
+        except Exception:  # a malformed record is the handler's to report, as without this filter
+            pass
+        return True
+
+
+_REDACT = RedactSecrets()
+REDACTED_LOGGERS = ("asr_spec", "asr_spec.serve", "websockets", "websockets.server", "websockets.client")
+
+
+def install_log_redaction() -> None:
+    """Add :class:`RedactSecrets` to the loggers the server and websockets log on, and to the root logger's
+    handlers (which every propagated record passes). A logger's filters only see records logged on that very
+    logger, hence the list; a handler's see all it emits. Idempotent."""
+    for target in [*(logging.getLogger(name) for name in REDACTED_LOGGERS), *logging.getLogger().handlers]:
+        if _REDACT not in target.filters:
+            target.addFilter(_REDACT)
 
 
 class Metrics:
@@ -106,7 +151,10 @@ class Server:
                 continue
             for sid, events in out.items():
                 if (session := self.sessions.get(sid)) is not None and self.loop is not None:
-                    self.loop.call_soon_threadsafe(session.deliver, events, self.engine.flushes(sid))
+                    try:
+                        self.loop.call_soon_threadsafe(session.deliver, events, self.engine.flushes(sid))
+                    except RuntimeError:  # the loop closed meanwhile: the server is shutting down
+                        return
 
     def wake(self) -> None:
         """Tell the inference thread that a stream may be due (new audio, a flush)."""
@@ -114,10 +162,25 @@ class Server:
 
     # --- HTTP -----------------------------------------------------------------------------------------
     def _http(self, connection: ServerConnection, request: Request) -> Response | None:
+        """Answer plain HTTP requests (None: go on with the WebSocket handshake). Only GET and HEAD are served
+        (405 otherwise); a HEAD gets the GET response's status and headers without its body."""
+        if request.method not in HTTP_METHODS:
+            response = connection.respond(HTTPStatus.METHOD_NOT_ALLOWED, f"{HTTPStatus.METHOD_NOT_ALLOWED.phrase}: "
+                                          f"use {' or '.join(HTTP_METHODS)}\n")
+            response.headers["Allow"] = ", ".join(HTTP_METHODS)
+            return response
+        response = self._route(connection, request)
+        if response is not None and request.method == "HEAD":
+            return Response(response.status_code, response.reason_phrase, response.headers, b"")
+        return response
+
+    def _route(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
-        if path == "/healthz":
+        if path == "/healthz":  # open: load balancers and supervisors probe it without a key
             return connection.respond(HTTPStatus.OK, "ok\n")
         if path == "/metrics":
+            if self.config.api_key and not self._authorized(request):
+                return _unauthorized(connection)
             body = json.dumps(self.metrics.snapshot(self.engine, len(self.sessions))) + "\n"
             return _respond(HTTPStatus.OK, body, "application/json")
         if request.headers.get("Upgrade", "").lower() != "websocket":
@@ -128,18 +191,19 @@ class Server:
                 return _respond(HTTPStatus.OK, f.read_text(), kind)
             return connection.respond(HTTPStatus.NOT_FOUND, "not found\n")
         if self.config.api_key and not self._authorized(request):
-            return connection.respond(HTTPStatus.UNAUTHORIZED, "missing or wrong bearer token\n")
+            return _unauthorized(connection)
         return None
 
     def _authorized(self, request: Request) -> bool:
         key = self.config.api_key or ""
-        auth = request.headers.get("Authorization", "")
+        auths = request.headers.get_all("Authorization")
+        auth = auths[0] if len(auths) == 1 else ""  # two Authorization headers: neither counts
         token = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
         if not token and "?" in request.path:  # browsers cannot set headers on a WebSocket
             from urllib.parse import parse_qs
 
             token = parse_qs(request.path.split("?", 1)[1]).get("api_key", [""])[0]
-        return hmac.compare_digest(token.encode(), key.encode())
+        return hmac.compare_digest(token.encode(errors="replace"), key.encode())
 
     # --- sessions -------------------------------------------------------------------------------------
     async def _handle(self, ws: ServerConnection) -> None:
@@ -163,24 +227,68 @@ class Server:
             self.connections -= 1
             session.end()
 
-    async def serve_forever(self, ready: threading.Event | None = None) -> None:
+    async def serve_forever(self, ready: threading.Event | None = None, handle_signals: bool = False) -> None:
+        """Serve until :meth:`stop` (or, with ``handle_signals``, SIGINT or SIGTERM; main thread only), then shut
+        down: refuse new connections, close every session with 1001 (going away), stop the inference thread
+        and join it. Returns normally after a signal."""
         self.loop = asyncio.get_running_loop()
+        self._done = self.loop.create_future()
+        install_log_redaction()
         worker = threading.Thread(target=self._infer, name="asr_spec-infer", daemon=True)
         worker.start()
+        signals = []
         c = self.config
+        server = None
         try:
-            async with serve(self._handle, c.host, c.port, process_request=self._http, max_size=c.max_message_bytes,
-                             ping_interval=c.ping_interval_s, ping_timeout=3 * c.ping_interval_s) as server:
-                self.port = next(iter(server.sockets)).getsockname()[1]
-                log.info("listening on ws://%s:%d", c.host, self.port)
-                self._done = self.loop.create_future()
-                if ready is not None:
-                    ready.set()
-                await self._done
+            server = await serve(self._handle, c.host, c.port, process_request=self._http,
+                                 max_size=c.max_message_bytes, ping_interval=c.ping_interval_s,
+                                 ping_timeout=3 * c.ping_interval_s)
+            if handle_signals:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    self.loop.add_signal_handler(sig, self._on_signal, sig)
+                    signals.append(sig)
+            self.port = next(iter(server.sockets)).getsockname()[1]
+            log.info("listening on ws://%s:%d", c.host, self.port)
+            if ready is not None:
+                ready.set()
+            await self._done
         finally:
+            if server is not None:
+                await self._close(server)
             self._stop.set()
-            worker.join(timeout=5)
+            self._wake.set()
+            worker.join(timeout=SHUTDOWN_JOIN_S)
+            if worker.is_alive():
+                log.warning("the inference thread is still decoding after %g s; exiting without it", SHUTDOWN_JOIN_S)
+            else:
+                log.info("stopped: sessions closed, inference thread joined")
+            for sig in signals:
+                self.loop.remove_signal_handler(sig)
 
+    async def _close(self, server) -> None:
+        """Close every connection with 1001 and wait for the session handlers, at most ``SHUTDOWN_CLOSE_S``
+        (then connections that did not complete the closing handshake are dropped)."""
+        if open_sessions := len(server.connections):
+            log.info("shutting down: closing %d connection(s)", open_sessions)
+        server.close(close_connections=True, code=1001, reason="server shutting down")
+        try:
+            await asyncio.wait_for(asyncio.shield(server.wait_closed()), SHUTDOWN_CLOSE_S)
+        except asyncio.TimeoutError:
+            log.warning("shutdown: dropping connections that did not close within %g s", SHUTDOWN_CLOSE_S)
+            for connection in list(server.all_connections):
+                if connection.transport is not None:
+                    connection.transport.abort()
+            for task in list(server.handler_tasks):
+                task.cancel()
+            try:
+                await asyncio.wait_for(asyncio.shield(server.wait_closed()), SHUTDOWN_CLOSE_S)
+            except asyncio.TimeoutError:
+                log.warning("shutdown: connection handlers did not finish")
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if self._done is not None and not self._done.done():
+            log.info("%s: shutting down", signal.Signals(sig).name)
+        self.stop()
 
     def stop(self) -> None:
         """Stop serving (from any thread)."""
@@ -359,6 +467,13 @@ def _small_receive_buffer(ws: ServerConnection) -> None:
 
 async def _send(ws: ServerConnection, msg: dict) -> None:
     await ws.send(json.dumps(msg))
+
+
+def _unauthorized(connection: ServerConnection) -> Response:
+    response = connection.respond(HTTPStatus.UNAUTHORIZED, "missing or wrong API key (Authorization: Bearer KEY, "
+                                  "or ?api_key=KEY)\n")
+    response.headers["WWW-Authenticate"] = "Bearer"
+    return response
 
 
 def _respond(status: HTTPStatus, body: str, content_type: str) -> Response:

@@ -12,6 +12,9 @@ from ..audio import SAMPLE_RATE
 
 ENCODINGS = {"pcm_s16le": (np.dtype("<i2"), 32768.0), "f32le": (np.dtype("<f4"), 1.0)}
 TASKS = ("transcribe", "translate")
+CHANNELS = (1, 2)
+ECHO_CHARS = 64  # a client's string echoed in an error message is cut to this many characters
+ECHO_FIELDS = 5  # unknown start fields named in an error message (the rest are counted)
 
 
 class ProtocolError(Exception):
@@ -35,37 +38,55 @@ class Start:
     interim_results: bool = True
 
 
+def echo(value) -> str:
+    """A client's value for an error message, as JSON: strings and numbers cut to ``ECHO_CHARS`` characters,
+    arrays and objects named by type (an error never repeats a megabyte field name, nor a deeply nested list)."""
+    if isinstance(value, list | dict):
+        return "an array" if isinstance(value, list) else "an object"
+    if isinstance(value, str) and len(value) > ECHO_CHARS:
+        return f"{json.dumps(value[:ECHO_CHARS], ensure_ascii=False)}... ({len(value)} characters)"
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= ECHO_CHARS else f"{text[:ECHO_CHARS]}... ({len(text)} characters)"
+
+
 def parse_message(text: str) -> dict:
     try:
         msg = json.loads(text)
     except json.JSONDecodeError as e:
         raise ProtocolError("bad_json", f"not JSON: {e.msg} at position {e.pos}") from None
+    except RecursionError:  # "[[[[..." nested deeper than the parser's recursion limit
+        raise ProtocolError("bad_json", "not JSON this server accepts: nested too deeply") from None
+    except ValueError as e:  # e.g. an integer of more than 4300 digits
+        raise ProtocolError("bad_json", f"not JSON this server accepts: {str(e)[:200]}") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
         raise ProtocolError("bad_message", 'a message is a JSON object with a string "type"')
     if msg["type"] not in ("start", "finalize", "close"):
-        raise ProtocolError("unknown_type", f"unknown message type {msg['type']!r} (start, finalize, close)")
+        raise ProtocolError("unknown_type", f"unknown message type {echo(msg['type'])} (start, finalize, close)")
     return msg
 
 
 def parse_start(msg: dict, languages: set[str] | None) -> Start:
     known = {"type", "sample_rate", "encoding", "channels", "language", "task", "interim_results"}
     if extra := sorted(set(msg) - known):
-        raise ProtocolError("bad_start", f"unknown start fields: {', '.join(extra)}")
+        names = ", ".join(echo(name) for name in extra[:ECHO_FIELDS])
+        more = f" and {len(extra) - ECHO_FIELDS} more" if len(extra) > ECHO_FIELDS else ""
+        raise ProtocolError("bad_start", f"unknown start fields: {names}{more} (known: {', '.join(sorted(known))})")
     d = Start()
     rate = msg.get("sample_rate", d.sample_rate)
     if not isinstance(rate, int) or isinstance(rate, bool) or not 8000 <= rate <= 192000:
         raise ProtocolError("bad_sample_rate", "sample_rate must be an integer from 8000 to 192000 Hz")
     encoding = msg.get("encoding", d.encoding)
-    if encoding not in ENCODINGS:
-        raise ProtocolError("bad_encoding", f"encoding must be one of {', '.join(ENCODINGS)}")
+    if not isinstance(encoding, str) or encoding not in ENCODINGS:
+        raise ProtocolError("bad_encoding", f"encoding must be one of {', '.join(ENCODINGS)}, not {echo(encoding)}")
     channels = msg.get("channels", d.channels)
-    if channels not in (1, 2):
-        raise ProtocolError("bad_channels", "channels must be 1 or 2 (stereo is mixed down)")
+    if not isinstance(channels, int) or isinstance(channels, bool) or channels not in CHANNELS:
+        raise ProtocolError("bad_channels", f"channels must be the integer 1 or 2 (stereo is mixed down), "
+                            f"not {echo(channels)}")
     language = msg.get("language", d.language)
     if language is not None and (not isinstance(language, str) or (languages is not None and language not in languages)):
-        raise ProtocolError("bad_language", f"unknown language {language!r}")
+        raise ProtocolError("bad_language", f"unknown language {echo(language)}")
     task = msg.get("task", d.task)
-    if task not in TASKS:
+    if not isinstance(task, str) or task not in TASKS:
         raise ProtocolError("bad_task", "task must be transcribe or translate")
     interim = msg.get("interim_results", d.interim_results)
     if not isinstance(interim, bool):
@@ -89,7 +110,10 @@ class AudioDecoder:
                                 f"of {self.frame_bytes} ({self.dtype.itemsize}-byte samples x {self.channels} channels)")
         x = np.frombuffer(data, dtype=self.dtype).astype(np.float32) / self.scale
         if not np.isfinite(x).all():
-            raise ProtocolError("bad_frame", "audio samples must be finite numbers")
+            raise ProtocolError("bad_frame", "audio samples must be finite numbers (frame dropped)")
+        if (np.abs(x) > 1.0).any():  # f32le only: 16-bit samples are always in range
+            raise ProtocolError("bad_frame", f"f32le samples must lie in [-1, 1]; this frame peaks at "
+                                f"{float(np.abs(x).max()):.3g} (frame dropped)")
         x = x.reshape(-1, self.channels).mean(axis=1)
         return self.resampler.resample_chunk(x) if self.resampler is not None else x
 

@@ -1,0 +1,372 @@
+"""`asr_spec serve` against bad input: start fields of the wrong type, JSON nested too deeply, float audio out of
+range, huge field names, HTTP methods, /metrics without the key, the key in logs, SIGINT/SIGTERM.
+
+Real servers on loopback with the tiny random model: one in this process for the protocol and HTTP checks, and
+`asr_spec serve` subprocesses for the signals. Every wait has a deadline and every failure says what it saw.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import http.client
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+from server_proc import free_port
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from asr_spec.server.app import Server, ServerConfig, redact
+from asr_spec.streaming.engine import Engine
+from asr_spec.transcribe import Transcriber
+
+KEY = "s3cret-Key_42"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+MAX_ECHO = 1000  # an error message that echoes a client's value stays well under this
+
+
+@pytest.fixture(scope="module")
+def server(tiny_target):
+    """An in-process server with an API key; yields its port."""
+    srv = Server(Engine(Transcriber(tiny_target)), ServerConfig(port=0, api_key=KEY, idle_timeout_s=30))
+    ready = threading.Event()
+    thread = threading.Thread(target=lambda: asyncio.run(srv.serve_forever(ready)), daemon=True)
+    thread.start()
+    assert ready.wait(60), "the server did not start within 60 s"
+    try:
+        yield srv.port
+    finally:
+        srv.stop()
+        thread.join(15)
+        assert not thread.is_alive(), "the server did not stop within 15 s of stop()"
+
+
+def session(port: int, query: str = ""):
+    headers = {} if query else AUTH
+    return connect(f"ws://127.0.0.1:{port}/{query}", additional_headers=headers, open_timeout=10, close_timeout=5,
+                   max_size=2 ** 24)
+
+
+def recv(ws, seen: list, timeout: float = 10.0) -> dict:
+    try:
+        event = json.loads(ws.recv(timeout=timeout))
+    except TimeoutError:
+        pytest.fail(f"no event within {timeout} s; events so far: {seen}")
+    except ConnectionClosed as e:
+        pytest.fail(f"connection closed ({e.rcvd}) while waiting for an event; events so far: {seen}")
+    seen.append(event)
+    return event
+
+
+def expect(ws, seen: list, sent, code: str) -> dict:
+    e = recv(ws, seen)
+    shown = sent if len(repr(sent)) < 200 else f"{repr(sent)[:200]}..."
+    assert e.get("type") == "error" and e.get("code") == code, f"sent {shown}: expected error {code}, got {e}"
+    return e
+
+
+def start(ws, seen: list, **fields) -> dict:
+    ws.send(json.dumps({"type": "start", **fields}))
+    e = recv(ws, seen)
+    assert e["type"] == "ready", f"a valid start {fields} got {e}"
+    return e
+
+
+def close(ws, seen: list, timeout: float = 60.0) -> dict:
+    """Send ``close``; return the ``closed`` event (the session survived everything before)."""
+    ws.send(json.dumps({"type": "close"}))
+    deadline = time.monotonic() + timeout
+    while (e := recv(ws, seen, max(0.1, deadline - time.monotonic())))["type"] != "closed":
+        assert e["type"] in ("partial", "final"), f"unexpected event while closing: {e}"
+    return e
+
+
+# --- start validation ----------------------------------------------------------------------------------------
+def test_channels_must_be_a_real_integer(server):
+    seen: list = []
+    with session(server) as ws:
+        for bad in (True, False, 1.0, 2.0, 1.5, 0, 3, -1, "2", None, [1]):
+            ws.send(json.dumps({"type": "start", "channels": bad}))
+            e = expect(ws, seen, {"channels": bad}, "bad_channels")
+            assert "integer 1 or 2" in e["message"], e
+        e = start(ws, seen, channels=2)
+        assert e["channels"] == 2 and type(e["channels"]) is int, e
+        assert close(ws, seen)["audio_seconds"] == 0
+
+
+def test_start_values_of_the_wrong_type_get_their_error_codes(server):
+    seen: list = []
+    cases = [({"encoding": []}, "bad_encoding"), ({"encoding": {}}, "bad_encoding"), ({"encoding": 16}, "bad_encoding"),
+             ({"encoding": None}, "bad_encoding"), ({"encoding": ["pcm_s16le"]}, "bad_encoding"),
+             ({"task": []}, "bad_task"), ({"task": {"a": 1}}, "bad_task"), ({"language": [[]]}, "bad_language"),
+             ({"language": 7}, "bad_language"), ({"sample_rate": []}, "bad_sample_rate"),
+             ({"sample_rate": 16000.0}, "bad_sample_rate"), ({"sample_rate": True}, "bad_sample_rate"),
+             ({"interim_results": "yes"}, "bad_start"), ({"interim_results": 1}, "bad_start")]
+    with session(server) as ws:
+        for fields, code in cases:
+            ws.send(json.dumps({"type": "start", **fields}))
+            expect(ws, seen, fields, code)
+        start(ws, seen, encoding="f32le")
+        close(ws, seen)
+
+
+def test_json_nested_too_deeply_is_bad_json_and_the_session_survives(server):
+    seen: list = []
+    deep_array = "[" * 10_000
+    deep_valid = "[" * 100_000 + "]" * 100_000  # well-formed, nested beyond the parser's recursion limit
+    huge_int = '{"type": "start", "sample_rate": ' + "9" * 5000 + "}"  # Python refuses ints over 4300 digits
+    with session(server) as ws:
+        for text in (deep_array, deep_valid, huge_int, '{"type": ' * 5000):
+            ws.send(text)
+            expect(ws, seen, text, "bad_json")
+        nested = {"type": "start", "language": json.loads("[" * 200 + "]" * 200)}  # parses; not a language
+        ws.send(json.dumps(nested))
+        e = expect(ws, seen, "a 200-deep language", "bad_language")
+        assert len(e["message"]) < MAX_ECHO, e
+        start(ws, seen)
+        ws.send(deep_array)  # after start as well
+        expect(ws, seen, deep_array, "bad_json")
+        close(ws, seen)
+
+
+def test_unknown_fields_and_values_are_cut_in_error_messages(server):
+    seen: list = []
+    megabyte = "x" * 1_000_000
+    with session(server) as ws:
+        ws.send(json.dumps({"type": "start", megabyte: 1}))
+        e = expect(ws, seen, "a 1 MB field name", "bad_start")
+        assert len(e["message"]) < MAX_ECHO and "x" * 64 in e["message"] and "x" * 65 not in e["message"], \
+            f"message of {len(e['message'])} characters: {e['message'][:300]}"
+        assert "1000000 characters" in e["message"], e["message"][:300]
+        many = {"type": "start", **{f"f{i:04d}": i for i in range(1000)}}
+        ws.send(json.dumps(many))
+        e = expect(ws, seen, "1000 unknown fields", "bad_start")
+        assert len(e["message"]) < MAX_ECHO and "995 more" in e["message"], e["message"][:300]
+        ws.send(json.dumps({"type": "start", "colour": "red"}))
+        assert '"colour"' in expect(ws, seen, "colour", "bad_start")["message"]
+        ws.send(json.dumps({"type": megabyte}))
+        assert len(expect(ws, seen, "a 1 MB type", "unknown_type")["message"]) < MAX_ECHO
+        ws.send(json.dumps({"type": "start", "language": megabyte}))
+        assert len(expect(ws, seen, "a 1 MB language", "bad_language")["message"]) < MAX_ECHO
+        ws.send(json.dumps({"type": "start", "encoding": megabyte}))
+        assert len(expect(ws, seen, "a 1 MB encoding", "bad_encoding")["message"]) < MAX_ECHO
+        start(ws, seen)
+        close(ws, seen)
+
+
+# --- audio frames --------------------------------------------------------------------------------------------
+def test_float_frames_out_of_range_or_not_finite_are_dropped(server):
+    seen: list = []
+    frame = 1600  # 0.1 s per channel at 16 kHz
+
+    def stereo(left: float, right: float) -> bytes:
+        x = np.zeros((frame, 2), dtype="<f4")
+        x[10] = (left, right)
+        return x.tobytes()
+
+    bad = {"1.5": stereo(1.5, 0.0), "-1.0001": stereo(0.0, -1.0001), "nan": stereo(np.nan, 0.0),
+           "inf": stereo(0.0, np.inf), "-inf": stereo(-np.inf, -np.inf), "1e38 both": stereo(1e38, 1e38),
+           "2 and -2 (each channel out of range, although their mix is 0)": stereo(2.0, -2.0)}
+    with session(server) as ws:
+        start(ws, seen, encoding="f32le", channels=2)
+        ws.send(stereo(0.0, 0.0))
+        for name, data in bad.items():
+            ws.send(data)
+            e = expect(ws, seen, f"a frame with {name}", "bad_frame")
+            assert "dropped" in e["message"], e
+        ws.send(stereo(1.0, -1.0))  # the full scale is allowed
+        closed = close(ws, seen)
+        assert [e for e in seen if e["type"] == "error"] == seen[1:1 + len(bad)], f"unexpected errors: {seen}"
+        assert closed["audio_seconds"] == pytest.approx(0.2, abs=1e-3), f"the bad frames were not dropped: {closed}"
+
+
+# --- HTTP ----------------------------------------------------------------------------------------------------
+def http_request(port: int, method: str, path: str, headers: dict | None = None, body: bytes | None = None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        conn.close()
+
+
+def test_http_methods_other_than_get_and_head_get_405(server):
+    for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE"):
+        for path in ("/healthz", "/metrics", "/", "/static/app.js", "/nowhere"):
+            status, headers, body = http_request(server, method, path, AUTH)
+            assert status == 405 and headers.get("Allow") == "GET, HEAD", f"{method} {path}: {status} {headers} {body!r}"
+    status, headers, body = http_request(server, "HEAD", "/healthz")
+    assert (status, body, headers.get("Content-Length")) == (200, b"", "3"), f"HEAD /healthz: {status} {headers} {body!r}"
+    status, headers, body = http_request(server, "HEAD", "/metrics", AUTH)
+    assert status == 200 and body == b"" and int(headers["Content-Length"]) > 0, f"HEAD /metrics: {status} {headers}"
+    assert http_request(server, "HEAD", "/metrics")[0] == 401
+    assert http_request(server, "GET", "/healthz")[:3:2] == (200, b"ok\n")
+    # a request with a body: websockets' HTTP parser refuses it (the connection is closed without a response)
+    try:
+        status = http_request(server, "POST", "/healthz", body=b"x=1")[0]
+    except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+        status = None
+    assert status in (None, 400, 405), f"POST with a body got {status}"
+
+
+def test_metrics_needs_the_api_key_and_healthz_does_not(server):
+    for headers, path in (({}, "/metrics"), ({"Authorization": "Bearer nope"}, "/metrics"), ({}, "/metrics?api_key=nope"),
+                          ({"Authorization": KEY}, "/metrics"), ({}, "/metrics?api_key=")):
+        status, got, body = http_request(server, "GET", path, headers)
+        assert status == 401 and b"sessions" not in body, f"GET {path} with {headers}: {status} {body[:200]!r}"
+        assert got.get("WWW-Authenticate") == "Bearer", got
+    for headers, path in ((AUTH, "/metrics"), ({}, f"/metrics?api_key={KEY}")):
+        status, _, body = http_request(server, "GET", path, headers)
+        assert status == 200, f"GET {path} with {headers}: {status} {body[:200]!r}"
+        assert {"sessions", "audio_seconds", "rtf"} <= json.loads(body).keys(), body[:200]
+    status, _, body = http_request(server, "GET", "/healthz")
+    assert (status, body) == (200, b"ok\n"), f"/healthz without a key: {status} {body!r}"
+
+
+# --- secrets in logs -----------------------------------------------------------------------------------------
+def test_redact_hides_keys_in_urls_and_headers():
+    assert redact(f"GET /?api_key={KEY}&x=1 HTTP/1.1") == "GET /?api_key=***&x=1 HTTP/1.1"
+    assert redact(f"ws://h:1/metrics?a=2&API_KEY={KEY}") == "ws://h:1/metrics?a=2&API_KEY=***"
+    assert redact(f"< Authorization: Bearer {KEY}") == "< Authorization: Bearer ***"
+    assert redact(f"/?x=1&my_api_key={KEY}#top") == "/?x=1&my_api_key=***#top"
+    assert redact(f"/?api%5Fkey={KEY}") == "/?api%5Fkey=***"
+    assert redact(f"path='/?api_key={KEY}'") == "path='/?api_key=***'"
+    assert redact("nothing to hide: api_keys are secret") == "nothing to hide: api_keys are secret"
+
+
+def test_api_key_never_reaches_the_logs(server, caplog):
+    seen: list = []
+    with caplog.at_level(logging.DEBUG, logger="websockets.server"), caplog.at_level(logging.DEBUG, logger="asr_spec"):
+        with session(server, f"?api_key={KEY}") as ws:  # the browser way: the key in the URL
+            start(ws, seen)
+            close(ws, seen)
+        with session(server) as ws:  # the header way
+            start(ws, seen)
+            close(ws, seen)
+        assert http_request(server, "GET", f"/metrics?api_key={KEY}")[0] == 200
+        log = logging.getLogger("asr_spec.serve")
+        log.warning("request %s failed", f"/x?api_key={KEY}&y=1")
+        try:
+            raise ValueError(f"cannot open ws://127.0.0.1/?api_key={KEY}")
+        except ValueError:
+            log.exception("failed")
+    text = caplog.text
+    assert "api_key=***" in text and "Authorization: Bearer ***" in text, \
+        f"the requests were not logged as expected (websockets' debug log):\n{text[-3000:]}"
+    leaks = [line for line in text.splitlines() if KEY in line]
+    assert not leaks, f"the API key is in the log: {leaks}"
+
+
+# --- SIGINT / SIGTERM ----------------------------------------------------------------------------------------
+def _frozen_client(port: int) -> tuple[socket.socket, bytes]:
+    """A WebSocket client that completes the handshake, then never reads nor answers (a hung peer)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    key = base64.b64encode(os.urandom(16)).decode()
+    s.sendall(f"GET /?api_key={KEY} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+              f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(4096)
+        assert chunk, f"the server closed the frozen client's handshake: {data!r}"
+        data += chunk
+    head, rest = data.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    start = json.dumps({"type": "start"}).encode()
+    s.sendall(bytes([0x81, 0x80 | len(start)]) + bytes(4) + start)  # a masked text frame (mask 0: payload as is)
+    return s, rest
+
+
+def _close_code(s: socket.socket, data: bytes, timeout: float) -> tuple[int | None, list]:
+    """Read server frames from ``s`` (after ``data``) until a close frame; its code, and the frames before it."""
+    deadline, frames = time.monotonic() + timeout, []
+    while True:
+        if len(data) >= 2:
+            opcode, n, at = data[0] & 0x0F, data[1] & 0x7F, 2
+            if n >= 126:
+                size = 2 if n == 126 else 8
+                n, at = (int.from_bytes(data[2:2 + size], "big"), 2 + size) if len(data) >= 2 + size else (None, 0)
+            if n is not None and len(data) >= at + n:
+                payload, data = data[at:at + n], data[at + n:]
+                if opcode == 0x8:
+                    return (int.from_bytes(payload[:2], "big") if len(payload) >= 2 else None), frames
+                frames.append((opcode, payload[:200]))
+                continue
+        s.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            chunk = s.recv(65536)
+        except (TimeoutError, ConnectionResetError) as e:
+            pytest.fail(f"no close frame for the frozen client ({e!r}); frames: {frames}")
+        if not chunk:
+            pytest.fail(f"the frozen client's connection ended without a close frame; frames: {frames}")
+        data += chunk
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_closes_sessions_with_1001_and_exits_0(tiny_dir, tmp_path, sig):
+    """`asr_spec serve` on SIGINT or SIGTERM: every session is closed with 1001 (going away), a peer that does not
+    answer the close is dropped after 3 s, the inference thread is joined, and the process exits with 0."""
+    port = free_port()
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "asr_spec.cli", "serve", "--port", str(port), "--model",
+                                 str(tiny_dir), "--no-draft", "--threads", "1", "--api-key", KEY],
+                                stdout=subprocess.DEVNULL, stderr=err)
+    stderr = lambda: err_path.read_text(errors="replace")  # noqa: E731
+    frozen = None
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"asr_spec serve did not start (exit code {proc.poll()}):\n{stderr()}")
+                time.sleep(0.3)
+        frozen, frozen_rest = _frozen_client(port)
+        seen: list = []
+        with session(port) as ws:
+            start(ws, seen)
+            t = np.arange(32000) / 16000
+            ws.send((0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2").tobytes())
+            time.sleep(0.3)
+            signalled = time.monotonic()
+            proc.send_signal(sig)
+            try:
+                while True:
+                    seen.append(json.loads(ws.recv(timeout=max(0.1, 10 - (time.monotonic() - signalled)))))
+            except TimeoutError:
+                pytest.fail(f"the session was not closed within 10 s of {sig.name} (events: {seen})\n{stderr()}")
+            except ConnectionClosed as e:
+                assert e.rcvd is not None and e.rcvd.code == 1001, f"closed with {e.rcvd} (events: {seen})\n{stderr()}"
+        code, frames = _close_code(frozen, frozen_rest, 2)  # the hung peer gets 1001 too; it never answers
+        assert code == 1001 and [json.loads(f)["type"] for _, f in frames] == ["ready"], (code, frames)
+        try:
+            code = proc.wait(15)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"asr_spec serve still running 15 s after {sig.name}:\n{stderr()}")
+        took = time.monotonic() - signalled
+        log = stderr()
+        assert code == 0, f"exit code {code} after {sig.name}:\n{log}"
+        assert took < 10, f"took {took:.1f} s to exit after {sig.name}:\n{log}"
+        assert "Traceback" not in log and "Fatal Python error" not in log, log
+        assert "stopped: sessions closed, inference thread joined" in log, log
+        assert KEY not in log, log
+        assert "did not close within" in log, f"the hung peer was not dropped after the close timeout:\n{log}"
+    finally:
+        if frozen is not None:
+            frozen.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
