@@ -22,7 +22,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from server_proc import free_port
+from server_proc import free_port, wait_serving
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -325,15 +325,7 @@ def test_signal_closes_sessions_with_1001_and_exits_0(tiny_dir, tmp_path, sig):
     stderr = lambda: err_path.read_text(errors="replace")  # noqa: E731
     frozen = None
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"asr_spec serve did not start (exit code {proc.poll()}):\n{stderr()}")
-                time.sleep(0.3)
+        wait_serving(port, proc, stderr)
         frozen, frozen_rest = _frozen_client(port)
         seen: list = []
         with session(port) as ws:
