@@ -1,7 +1,7 @@
 """Streaming benchmarks (issue 5): latency at real-time pace, simultaneous sessions, streaming WER.
 
-    python eval/bench_streaming.py [--sessions 1,2,4,6] [--seconds 40] [--limit N] [--threads 2]
-                                   [--out eval/results/streaming]
+    python eval/bench_streaming.py [--sessions 1,4,8] [--seconds 40] [--limit N] [--threads 2]
+                                   [--encoder-windows audio,full] [--skip-wer] [--out eval/results/streaming]
 
 1. Streaming vs offline WER: every dev utterance and the long-form file streamed through the engine
    (0.5 s chunks, re-decoded every ``--step`` s of audio, as a real-time stream with instant decoding
@@ -33,7 +33,7 @@ from asr_spec.audio import load_audio
 from asr_spec.clients.stream import stream_file
 from asr_spec.models.loader import default_draft, load_draft, load_target, with_encoder_dtype
 from asr_spec.server.app import Server, ServerConfig
-from asr_spec.streaming.engine import Engine, stream_audio
+from asr_spec.streaming.engine import Engine, EngineConfig, stream_audio
 from asr_spec.streaming.stream import StreamConfig
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
@@ -52,12 +52,13 @@ def wer_pair(ref: list[str], hyp: list[str]) -> float:
     return jiwer.wer([refs[i] for i in keep], [normalize(hyp[i]) for i in keep])
 
 
-def streaming_wer(tr: Transcriber, items: list[dict], root: Path, step: float, compare_hints: bool = False) -> dict:
+def streaming_wer(tr: Transcriber, items: list[dict], root: Path, step: float, compare_hints: bool = False,
+                  config: EngineConfig = EngineConfig()) -> dict:
     """Offline vs streamed WER; with ``compare_hints`` also the streaming cost without hint drafts."""
     refs, offline, streamed = [], [], []
     cost: dict[bool, dict] = {}
     for use_hint in (True, False) if compare_hints else (True,):
-        engine, passes, hinted, texts = Engine(tr), 0, 0, []
+        engine, passes, hinted, texts = Engine(tr, config), 0, 0, []
         for it in items:
             audio = load_audio(root / it["audio"])
             events = stream_audio(engine, audio, StreamConfig(step_s=step, use_hint=use_hint), stats=(st := []))
@@ -172,11 +173,13 @@ def capacity(tr: Transcriber, items: list[dict], n: int, seconds: float, step: f
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sessions", default="1,2,4,6")
+    ap.add_argument("--sessions", default="1,4,8", help="comma-separated session counts (empty: none)")
     ap.add_argument("--seconds", type=float, default=40.0, help="audio per session in the capacity runs")
     ap.add_argument("--step", type=float, default=StreamConfig.step_s)
     ap.add_argument("--limit", type=int, default=0, help="dev utterances for the WER part (0 = all)")
     ap.add_argument("--skip-wer", action="store_true")
+    ap.add_argument("--encoder-windows", default="audio,full",
+                    help="streamed WER with the encoder on the buffer's audio (the default) and on padded 30 s windows")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--encoder-dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--out", default=str(ROOT / "eval" / "results" / "streaming"))
@@ -188,13 +191,16 @@ def main() -> None:
     results: dict = {"step_s": args.step, "threads": args.threads, "encoder_dtype": args.encoder_dtype}
     if not args.skip_wer:
         dev = items[: args.limit] if args.limit else items
-        results["wer_dev"] = streaming_wer(tr, dev, DEV, args.step)
-        print("dev", results["wer_dev"], flush=True)
         long_items = [json.loads(x) for x in (DEV / "longform" / "manifest.jsonl").read_text().splitlines()]
-        results["wer_longform"] = streaming_wer(tr, long_items, DEV / "longform", args.step, compare_hints=True)
-        print("long-form", results["wer_longform"], flush=True)
+        for win in args.encoder_windows.split(","):
+            config, tag = EngineConfig(encoder_window=win), "" if win == "audio" else f"_{win}_window"
+            results["wer_dev" + tag] = streaming_wer(tr, dev, DEV, args.step, config=config)
+            print("dev", win, results["wer_dev" + tag], flush=True)
+            results["wer_longform" + tag] = streaming_wer(tr, long_items, DEV / "longform", args.step,
+                                                          compare_hints=win == "audio", config=config)
+            print("long-form", win, results["wer_longform" + tag], flush=True)
     results["capacity"] = []
-    for n in (int(x) for x in args.sessions.split(",")):
+    for n in (int(x) for x in args.sessions.split(",") if x):
         row = capacity(tr, items, n, args.seconds, args.step)
         print(row, flush=True)
         results["capacity"].append(row)
@@ -203,12 +209,11 @@ def main() -> None:
     (out / "results.json").write_text(json.dumps(results, indent=1))
     lines = ["# Streaming benchmark", "", f"`python eval/bench_streaming.py` · step {args.step} s · {args.threads} threads"
              f" · encoder {args.encoder_dtype}", ""]
-    for key in ("wer_dev", "wer_longform"):
-        if key in results:
-            r = results[key]
-            lines.append(f"- {key}: {r['utterances']} file(s), WER offline {r['wer_offline']} %, streaming "
-                         f"{r['wer_streaming']} %, streaming vs offline {r['wer_streaming_vs_offline']} %; "
-                         f"with hints {r['with_hints']}" + (f", without {r['without_hints']}" if "without_hints" in r else ""))
+    for key in [k for k in results if k.startswith("wer_")]:
+        r = results[key]
+        lines.append(f"- {key}: {r['utterances']} file(s), WER offline {r['wer_offline']} %, streaming "
+                     f"{r['wer_streaming']} %, streaming vs offline {r['wer_streaming_vs_offline']} %; "
+                     f"with hints {r['with_hints']}" + (f", without {r['without_hints']}" if "without_hints" in r else ""))
     lines += ["", "| sessions | RTF (engine busy / stream) | partial latency median / p90 s | final latency median / p90 s "
               "| words | close lag max s |", "|---|---|---|---|---|---|"]
     for r in results["capacity"]:
