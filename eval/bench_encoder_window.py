@@ -2,7 +2,7 @@
 Whisper's padded 30 s window, for several lengths of silence kept after the audio (the shipped choice is
 ``asr_spec.features.TAIL_FRAMES``). Text-only comparison: target alone, fp32 encoder unless given.
 
-    python eval/bench_encoder_window.py N_UTTERANCES [float32|bfloat16]
+    python eval/bench_encoder_window.py N_UTTERANCES [float32|bfloat16] [TAIL_FRAMES,...]
 """
 import json, sys, time, torch
 from pathlib import Path
@@ -27,7 +27,7 @@ def run(window, pad):
 full, tf, ef = run('full', 0)
 w=lambda r,h: 100*jiwer.wer([norm(x) for x in r],[norm(x) for x in h])
 print(f"full: wer {w(refs,full):.2f} time {tf:.1f} enc {ef:.1f}")
-for pad in (0, 50, 100, 200, 300):
+for pad in (map(int, sys.argv[3].split(',')) if len(sys.argv) > 3 else (0, 50, 100, 200, 300)):
     hyp, t, e = run('audio', pad)
     diff=sum(a!=b for a,b in zip(full,hyp))
     print(f"audio pad {pad}: wer {w(refs,hyp):.2f} vs full {w(full,hyp):.2f} differing {diff}/{len(hyp)} time {t:.1f} enc {e:.1f}", flush=True)
