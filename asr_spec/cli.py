@@ -104,7 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     engine = Engine(Transcriber(*models), EngineConfig(max_batch=args.max_batch))
-    max_sessions = args.max_sessions or _real_time_sessions(args.device)
+    max_sessions = args.max_sessions or _real_time_sessions(args.torch_device)
     config = ServerConfig(host=args.host, port=args.port, max_sessions=max_sessions,
                           api_key=args.api_key or os.environ.get("ASR_SPEC_API_KEY") or None,
                           idle_timeout_s=args.idle_timeout, step_s=args.step)
