@@ -39,3 +39,11 @@ def dev_manifest() -> list[dict]:
     if not f.exists():
         pytest.fail(f"dev set missing: {f} (set ASR_SPEC_DEV)")
     return [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` for children that must react to Ctrl-C: a shell's background job inherits SIGINT ignored,
+    and Python then installs no KeyboardInterrupt handler."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -18,7 +18,7 @@ import soundfile as sf
 
 from asr_spec.writers import FORMATS, write_atomic
 
-from conftest import DEV
+from conftest import DEV, default_sigint
 
 pytestmark = pytest.mark.slow
 DRAFT = ["--draft", "layers:0,1,2,3,5"]
@@ -160,7 +160,7 @@ def test_ctrl_c_leaves_no_partial_files(tmp_path):
     long = DEV / "longform" / "ljspeech-LJ001-0001_to_LJ001-0032.wav"
     p = subprocess.Popen([sys.executable, "-m", "asr_spec", "transcribe", str(long), "--output-dir", str(out),
                           "--format", "all", "--no-draft", "--language", "en"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     deadline = time.time() + 120
     while time.time() < deadline and "loaded" not in (p.stderr.readline() or ""):
         pass

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import DEV
+from conftest import DEV, default_sigint
 from server_proc import serve
 from whisper_normalizer.english import EnglishTextNormalizer
 
@@ -69,7 +69,7 @@ def test_mic_says_clearly_when_there_is_no_microphone():
 def run_in_pty(args: list[str], seconds: float) -> tuple[int, str]:
     """Run the command on a real pseudo-terminal, press Ctrl-C after ``seconds``, return (status, output)."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen(CLI + args, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    proc = subprocess.Popen(CLI + args, stdin=slave, stdout=slave, stderr=slave, close_fds=True, preexec_fn=default_sigint)
     os.close(slave)
     chunks, deadline, interrupted = [], time.monotonic() + seconds, False
     while True:
