@@ -319,7 +319,7 @@ def test_signal_closes_sessions_with_1001_and_exits_0(tiny_dir, tmp_path, sig):
     err_path = tmp_path / "stderr.txt"
     with open(err_path, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "asr_spec.cli", "serve", "--port", str(port), "--model",
-                                 str(tiny_dir), "--no-draft", "--threads", "1", "--api-key", KEY],
+                                 str(tiny_dir), "--no-draft", "--threads", "1", "--max-sessions", "4", "--api-key", KEY],
                                 stdout=subprocess.DEVNULL, stderr=err)
     stderr = lambda: err_path.read_text(errors="replace")  # noqa: E731
     frozen = None
