@@ -49,6 +49,22 @@ def test_a_long_stream_is_trimmed_and_matches_the_offline_transcript(transcriber
     assert wer <= 0.05, (offline, streamed)
 
 
+def test_windows_committed_after_a_prompt_keep_their_timestamps_and_words(transcriber):
+    """A fast sender fills the buffer, so the stream commits 30 s windows one after another, each prompted with
+    the text before it. The prompt keeps its timestamps (as Whisper's does): prompted with text alone, the
+    second window came back as one timestamp-less run that ended at "freer hand." and the whole window was
+    committed, losing the rest of its speech."""
+    meta = json.loads((DEV / "longform" / "manifest.jsonl").read_text().splitlines()[0])
+    audio = load_audio(DEV / "longform" / meta["audio"])[: 70 * 16000]
+    events = stream_audio(Engine(transcriber), audio, StreamConfig(), chunk_s=40.0)
+    finals = [e for e in events if e.type == "final" and e.text]
+    print([(round(e.start, 2), round(e.end, 2), len(e.segments)) for e in finals])
+    assert len(finals) >= 2 and all(len(e.segments) >= 3 for e in finals[:2])  # timestamps in every window
+    offline = transcriber.transcribe(audio, TranscribeOptions(language="en")).text
+    streamed = " ".join(e.text for e in finals)
+    assert jiwer.wer(normalize(offline), normalize(streamed)) <= 0.05, (offline, streamed)
+
+
 def test_silence_is_skipped_without_decoding(transcriber):
     engine = Engine(transcriber)
     quiet = np.random.default_rng(0).normal(0, 1e-3, 10 * 16000).astype(np.float32)

@@ -1,8 +1,7 @@
-"""UNVERIFIED DRAFT (not collected by pytest: rename to test_watchdog.py once each test has been run and its
-thresholds measured). Watchdogs: `asr_spec serve` attacked the way busy services and careless clients attack it. A real server
-on loopback with the embedded models; real WebSocket clients. Every session's words must arrive (WER
-against the offline transcript of the same audio), the other sessions keep being served, ``/healthz``
-answers, and the engine is idle soon after the clients leave. Every wait has a deadline."""
+"""Watchdogs: `asr_spec serve` attacked the way busy services and careless clients attack it. A real server
+on loopback with the embedded models; real WebSocket clients. Every session's words must arrive (WER against
+the references, or the offline transcript of the same audio), the other sessions keep being served,
+``/healthz`` answers, and the engine is idle soon after the clients leave. Every wait has a deadline."""
 from __future__ import annotations
 
 import json
@@ -50,13 +49,19 @@ def manifest() -> list[dict]:
 
 def joined(seconds: float, offset: int, gap_s: float = 0.0) -> np.ndarray:
     """Dev utterances back to back (``gap_s`` of silence between them) until ``seconds`` of audio."""
-    items, parts, total, i = manifest(), [], 0.0, offset
+    return joined_with_text(seconds, offset, gap_s)[0]
+
+
+def joined_with_text(seconds: float, offset: int, gap_s: float = 0.0) -> tuple[np.ndarray, str]:
+    """:func:`joined` and the reference text of what it says."""
+    items, parts, texts, total, i = manifest(), [], [], 0.0, offset
     while total < seconds:
         a = load_audio(DEV / items[i % len(items)]["audio"])
         parts += [a, np.zeros(int(gap_s * 16000), np.float32)]
+        texts.append(items[i % len(items)]["text"])
         total += len(a) / 16000 + gap_s
         i += 1
-    return np.concatenate(parts)
+    return np.concatenate(parts), " ".join(texts)
 
 
 def finals_text(events: list[dict]) -> str:
@@ -99,13 +104,32 @@ def healthy(url: str) -> bool:
     return urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10).read() == b"ok\n"
 
 
-def run_with_deadline(fn, seconds: float):
+def in_thread(fn) -> tuple[threading.Thread, dict]:
+    """Run ``fn`` in a daemon thread; the dict gets its value ("v") or its exception ("e")."""
     out: dict = {}
-    thread = threading.Thread(target=lambda: out.setdefault("v", fn()), daemon=True)
+
+    def run() -> None:
+        try:
+            out["v"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised by ``result``
+            out["e"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
+    return thread, out
+
+
+def result(out: dict):
+    if "e" in out:
+        raise out["e"]
+    return out["v"]
+
+
+def run_with_deadline(fn, seconds: float):
+    thread, out = in_thread(fn)
     thread.join(seconds)
     assert not thread.is_alive(), f"{fn} did not finish within {seconds} s"
-    return out["v"]
+    return result(out)
 
 
 def test_fast_sender_long_form_loses_nothing(server, transcriber):
@@ -133,26 +157,26 @@ def test_fast_sender_long_form_loses_nothing(server, transcriber):
 
 
 def test_eight_concurrent_fast_senders_each_get_their_words(server, transcriber):
+    """Eight sessions send 25 s each as fast as allowed: each gets its words (WER against the references within
+    5 points of the offline transcript's; offline Whisper itself sometimes ends a window early and drops its
+    last sentence, which the stream, decoding shorter pieces, keeps)."""
     srv, url = server
-    audios = [joined(25, 9 * i, gap_s=0.4) for i in range(8)]
-    results: list = [None] * 8
-
-    def one(i: int) -> None:
-        results[i] = stream_file(url, audios[i], None)
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
-    assert all(not t.is_alive() for t in threads), "a session did not finish within 600 s"
+    clips = [joined_with_text(25, 9 * i, gap_s=0.4) for i in range(8)]
+    runs = [in_thread(lambda audio=audio: stream_file(url, audio, None)) for audio, _ in clips]
+    deadline = time.monotonic() + 600
+    for thread, _ in runs:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    assert all(not thread.is_alive() for thread, _ in runs), "a session did not finish within 600 s"
     assert healthy(url)
-    for i, (audio, events) in enumerate(zip(audios, results)):
+    for i, ((audio, reference), (_, out)) in enumerate(zip(clips, runs)):
+        events = result(out)
         offline = transcriber.transcribe(audio, TranscribeOptions(language="en")).text
-        closed = closed_event(events)
-        print(f"session {i}: WER vs offline {wer(offline, finals_text(events)):.2f} %, {closed}")
+        closed, streamed = closed_event(events), finals_text(events)
+        print(f"session {i}: WER vs reference {wer(reference, streamed):.2f} % (offline {wer(reference, offline):.2f} "
+              f"%), vs offline {wer(offline, streamed):.2f} %; {closed}")
         assert closed["decoded_seconds"] == pytest.approx(closed["audio_seconds"], abs=0.01)
-        assert wer(offline, finals_text(events)) <= 10.0, (offline, finals_text(events))
+        assert wer(reference, streamed) <= wer(reference, offline) + 5.0, (reference, offline, streamed)
+        assert not loops(streamed, reference), loops(streamed, reference)
     wait_idle(srv, 5)
 
 

@@ -131,10 +131,9 @@ class LiveLine:
 
 
 def run_remote(url: str, source, display: LiveLine, language: str | None, api_key: str | None) -> None:
-    from websockets.sync.client import connect
+    from .stream import connect_session
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    with connect(url, additional_headers=headers, max_size=None, open_timeout=30) as ws:
+    with connect_session(url, api_key) as ws:
         ws.send(json.dumps({"type": "start", "sample_rate": RATE, "encoding": "f32le", "channels": 1, "language": language}))
         done = threading.Event()
 

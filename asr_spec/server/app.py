@@ -47,7 +47,9 @@ class ServerConfig:
     api_key: str | None = None
     max_frame_bytes: int = 256 * 1024  # larger audio frames get an error event and are dropped
     max_message_bytes: int = 4 * 1024 * 1024  # the connection is closed (1009) beyond this
-    idle_timeout_s: float = 60.0
+    idle_timeout_s: float = 60.0  # a connection that sends nothing this long is closed (also how a dead peer is found)
+    # keepalive pings (for proxies and NAT); pongs are not awaited: a backpressured client's pong waits behind its
+    # unread audio for as long as decoding takes, and the idle timeout finds a dead peer
     ping_interval_s: float = 20.0
     step_s: float = StreamConfig.step_s
     max_backlog_s: float = 40.0  # a session's undecoded audio beyond which its socket is not read (backpressure)
@@ -241,8 +243,7 @@ class Server:
         server = None
         try:
             server = await serve(self._handle, c.host, c.port, process_request=self._http,
-                                 max_size=c.max_message_bytes, ping_interval=c.ping_interval_s,
-                                 ping_timeout=3 * c.ping_interval_s)
+                                 max_size=c.max_message_bytes, ping_interval=c.ping_interval_s, ping_timeout=None)
             if handle_signals:
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     self.loop.add_signal_handler(sig, self._on_signal, sig)
@@ -361,9 +362,6 @@ class Session:
         engine, limit = self.server.engine, self.server.config.max_backlog_s
         if engine.backlog_s(self.sid) < limit:
             return
-        # the client's pongs now queue behind its unread audio: keepalive cannot judge this connection any more
-        # (a dead peer is still noticed by TCP and the idle timeout)
-        self.ws.ping_timeout = None
         while engine.backlog_s(self.sid) >= limit and self.ws.state is State.OPEN:
             self.server.wake()
             await asyncio.sleep(0.02)

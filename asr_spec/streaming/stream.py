@@ -40,7 +40,7 @@ class StreamConfig:
     preroll_s: float = 0.3  # audio kept before detected speech
     use_hint: bool = True  # the previous continuation drafts the next re-decode
     min_flush_s: float = 1.0  # a finalize of a shorter buffer is deferred: decoded with the audio that follows
-    max_context: int = 192  # committed text tokens kept as the prompt (prompt + prefix stay well under 448)
+    max_context: int = 192  # committed tokens kept as the prompt (prompt + prefix stay well under 448)
 
 
 @dataclass
@@ -121,7 +121,7 @@ class Stream:
         self.silence_s = 0.0  # trailing non-speech
         self.since_decode = 0.0  # audio seconds since the audio of the last decode request
         self.committed: list[int] = []  # tokens committed in the buffer (timestamps relative to its start)
-        self.context: list[int] = []  # text tokens committed before the buffer (the prompt)
+        self.context: list[int] = []  # tokens committed before the buffer, timestamps included (the prompt)
         self.previous: list[int] = []  # the last continuation, for LocalAgreement-2 and as a draft hint
         self.partial = ""
         self.emitted_end = 0.0  # end time of the last final sent
@@ -317,7 +317,11 @@ class Stream:
         return events + self._partial_event()
 
     def _add_context(self, tokens: list[int]) -> None:
-        self.context = (self.context + self._text(tokens))[-self.config.max_context:]
+        """Append committed tokens to the prompt with their timestamps, as Whisper prompts with its previous
+        windows: prompted with text alone, Whisper answers in kind — one timestamp-less run that can end
+        before its window's speech does (a full window committed from it then loses those words)."""
+        tb = self.vocab.timestamp_begin
+        self.context = (self.context + [t for t in tokens if t < self.vocab.eot or t >= tb])[-self.config.max_context:]
 
     def _drop(self, samples: int, decoded: bool = True) -> None:
         """Remove the first ``samples`` of the buffer (they were decoded, or skipped as silence)."""
@@ -401,9 +405,6 @@ class Stream:
         self._drop(int(round(shift * TOKEN_SECONDS * SAMPLE_RATE)))
 
     # --- helpers --------------------------------------------------------------------------------------
-    def _text(self, tokens: list[int]) -> list[int]:
-        return [t for t in tokens if t < self.vocab.eot]
-
     def _abs(self, timestamp: int) -> float:
         return self.start + (timestamp - self.vocab.timestamp_begin) * TOKEN_SECONDS
 
