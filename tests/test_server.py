@@ -34,8 +34,8 @@ def transcriber(base_model):
 
 
 @contextmanager
-def running(transcriber, **config):
-    server = Server(Engine(transcriber), ServerConfig(port=0, **config))
+def running(transcriber, engine: type[Engine] = Engine, **config):
+    server = Server(engine(transcriber), ServerConfig(port=0, **config))
     ready = threading.Event()
     thread = threading.Thread(target=lambda: asyncio.run(server.serve_forever(ready)), daemon=True)
     thread.start()
@@ -208,3 +208,45 @@ def test_bearer_token_idle_timeout_and_oversized_messages(transcriber):
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv(timeout=10)
             assert closed.value.rcvd.code == 1009
+
+
+class GermanFails(Engine):
+    """The real engine, except that a batch holding a German request raises (a stand-in for any input the
+    decoder cannot handle)."""
+
+    def _decode(self, requests):
+        if any(r.language == "de" for r in requests):
+            raise RuntimeError("injected failure")
+        return super()._decode(requests)
+
+
+def test_a_stream_that_cannot_be_decoded_ends_alone(transcriber):
+    """A decode that raises used to be retried for ever with its batch, freezing every session. Now the
+    failing stream alone gets ``decode_failed`` and a 1011 close; a session decoded beside it gets its text."""
+    jfk = load_audio(JFK)
+    with running(transcriber, engine=GermanFails, max_sessions=4) as (srv, url):
+        seen: list[dict] = []
+        with connect(url, open_timeout=30, close_timeout=5) as bad:
+            bad.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "pcm_s16le", "language": "de"}))
+            seen.append(recv(bad))
+            good: dict = {}
+            thread = threading.Thread(target=lambda: good.setdefault("events", stream(url, jfk, 4.0)), daemon=True)
+            thread.start()
+            for i in range(0, len(jfk), 1600):
+                try:
+                    bad.send(pcm16(jfk[i:i + 1600]))
+                except ConnectionClosed:
+                    break
+                time.sleep(0.025)
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    seen.append(recv(bad, timeout=60))
+            assert bad.close_code == 1011, (bad.close_code, seen)
+        assert any(e["type"] == "error" and e["code"] == "decode_failed" for e in seen), seen
+        thread.join(120)
+        assert not thread.is_alive(), "the session beside the failing one did not finish within 120 s"
+        assert "ask not what your country" in normalize(" ".join(e["text"] for e in good["events"] if e["type"] == "final"))
+        deadline = time.monotonic() + 10
+        while srv.engine.snapshot():
+            assert time.monotonic() < deadline, srv.engine.snapshot()
+            time.sleep(0.05)

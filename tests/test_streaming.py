@@ -13,7 +13,7 @@ from asr_spec.audio import load_audio
 from asr_spec.decoding.speculative import RowResult, RowStats
 from asr_spec.models.loader import default_draft, load_draft
 from asr_spec.streaming.engine import Engine, stream_audio
-from asr_spec.streaming.stream import StreamConfig
+from asr_spec.streaming.stream import Stream, StreamConfig
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 normalize = EnglishTextNormalizer()
@@ -124,3 +124,30 @@ def test_a_looped_or_overrunning_decode_is_suspect(transcriber):
     assert transcriber.suspect(row([tb] + said + [tb + 300]), positions=250)  # a timestamp past the audio
     assert transcriber.suspect(row([tb] + phrase * 2), positions=250)  # a phrase repeated at once
     assert not transcriber.suspect(row([tb] + phrase + encode(" and") + phrase), positions=250)
+
+
+def test_a_final_whose_text_ends_early_commits_only_what_was_said(transcriber):
+    """A final decode that stops (its last timestamp) a second or more before the audio it heard ends commits
+    up to that timestamp and decodes the rest again, instead of dropping the words after it (8 fast senders:
+    a 28.8 s stream lost "in letters which are an exact imitation" at its end)."""
+    tb, tokenizer = transcriber.vocab.timestamp_begin, transcriber.target.tokenizer
+    said = tokenizer.encode(" The aforesaid Gutenberg Bible is printed")
+
+    def closed_stream() -> Stream:
+        s = Stream(StreamConfig(vad=False), tokenizer)
+        s.feed(np.zeros(20 * 16000, np.float32))
+        s.flush(close=True)
+        assert s.due() == "final"
+        return s
+
+    s = closed_stream()
+    events = s.apply(s.request("final"), RowResult([tb] + said + [tb + 250], -1.0, 0.0, RowStats()))  # ends at 5 s
+    assert [e.text for e in events if e.type == "final"] == ["The aforesaid Gutenberg Bible is printed"]
+    assert s.start == pytest.approx(5.0) and s.buffer_s == pytest.approx(15.0) and s.flushes == 0
+    assert s.due() == "final"  # the other 15 s are decoded again
+    s.apply(s.request("final"), RowResult([], -1.0, 0.0, RowStats()))
+    assert s.buffer_s == 0 and s.flushes == 1 and s.stats.decoded_s == pytest.approx(20.0)
+
+    s = closed_stream()  # text to within a second of the end: everything is committed at once
+    s.apply(s.request("final"), RowResult([tb] + said + [tb + 975], -1.0, 0.0, RowStats()))
+    assert s.buffer_s == 0 and s.flushes == 1

@@ -173,6 +173,8 @@ def run_local(engine, source, display: LiveLine, language: str | None) -> None:
             while not source.blocks.qsize() and engine.pending():
                 for e in engine.step().get(sid, []):
                     display.event(e.as_dict())
+                    if e.type == "error":
+                        return
     except KeyboardInterrupt:
         engine.flush(sid, close=True)
         while engine.pending():

@@ -310,13 +310,18 @@ class Session:
     def deliver(self, events, flushes: int) -> None:
         for e in events:
             self.outbox.put_nowait(e.as_dict())
+            if e.type == "error":  # the engine ended this stream: close once the error is sent
+                self.outbox.put_nowait(None)
         self.flushes_delivered = max(self.flushes_delivered, flushes)
 
     async def _send_loop(self) -> None:
         while True:
             msg = await self.outbox.get()
             try:
-                await _send(self.ws, msg)
+                if msg is None:
+                    await self.ws.close(1011, "decoding failed")
+                else:
+                    await _send(self.ws, msg)
             except ConnectionClosed:
                 pass
             finally:

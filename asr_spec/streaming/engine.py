@@ -10,6 +10,7 @@ Callers (the WebSocket server's inference thread, the in-process microphone clie
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -20,6 +21,8 @@ import torch
 from ..features import HOP, N_FRAMES, encoder_frames, log_mel, window
 from ..transcribe import TranscribeOptions, Transcriber
 from .stream import Event, Request, Stream, StreamConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,14 +55,17 @@ class Engine:
             return self._next_id
 
     def feed(self, sid: int, audio) -> None:
+        """Queue audio for stream ``sid`` (dropped if the stream was closed, or ended by a failed decode)."""
         with self._lock:
-            self._streams[sid].feed(audio)
+            if (s := self._streams.get(sid)) is not None:
+                s.feed(audio)
 
     def flush(self, sid: int, close: bool = False) -> int:
         """Ask for stream ``sid``'s buffer to be decoded to the end; returns the flush count that marks it done
         (compare with :meth:`flushes`). Pending requests coalesce."""
         with self._lock:
-            s = self._streams[sid]
+            if (s := self._streams.get(sid)) is None:
+                return 0
             s.flush(close)
             return s.flushes + 1
 
@@ -115,15 +121,33 @@ class Engine:
         if not batch:
             return events
         t0 = time.perf_counter()
-        decoded = self._decode([r for _, _, r in batch])
+        decoded = self._decode_apart([r for _, _, r in batch])
         self.busy_s += time.perf_counter() - t0
         with self._lock:
             self.decodes += len(batch)
-            for (sid, stream, req), (result, lang, reliable, fallbacks) in zip(batch, decoded):
+            for (sid, stream, req), outcome in zip(batch, decoded):
                 self.queue_wait_s.append(req.waited_s)
-                if self._streams.get(sid) is stream:  # not closed meanwhile
-                    events[sid] = events.get(sid, []) + stream.apply(req, result, lang, reliable, fallbacks)
+                if self._streams.get(sid) is not stream:  # closed meanwhile
+                    continue
+                if isinstance(outcome, Exception):  # end this stream only; the others go on
+                    del self._streams[sid]
+                    failed = Event("error", f"decoding this stream failed ({type(outcome).__name__}: {outcome}); "
+                                   "audio after the last final was not transcribed", stream.start, stream.start)
+                    events[sid] = events.get(sid, []) + [failed]
+                else:
+                    events[sid] = events.get(sid, []) + stream.apply(req, *outcome)
         return events
+
+    def _decode_apart(self, requests: list[Request]) -> list[tuple | Exception]:
+        """:meth:`_decode`; if the batch raises, each request alone, so that a request that cannot be decoded
+        fails by itself (its exception in its place) instead of failing, and being retried with, every batch."""
+        try:
+            return self._decode(requests)
+        except Exception as e:  # noqa: BLE001 - isolated below, reported to the one stream
+            if len(requests) == 1:
+                log.exception("decoding a stream failed")
+                return [e]
+        return [out for r in requests for out in self._decode_apart([r])]
 
     @torch.inference_mode()
     def _decode(self, requests: list[Request]) -> list[tuple]:

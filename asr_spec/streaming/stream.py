@@ -41,6 +41,7 @@ class StreamConfig:
     use_hint: bool = True  # the previous continuation drafts the next re-decode
     min_flush_s: float = 1.0  # a finalize of a shorter buffer is deferred: decoded with the audio that follows
     max_context: int = 192  # committed tokens kept as the prompt (prompt + prefix stay well under 448)
+    unheard_s: float = 1.0  # a final whose text ends this long before speech does is committed only that far
 
 
 @dataclass
@@ -52,14 +53,16 @@ class Segment:
 
 @dataclass
 class Event:
-    type: str  # "partial" or "final"
-    text: str
+    type: str  # "partial", "final", or "error" (the engine could not decode the stream, which it has ended)
+    text: str  # for "error": the message
     start: float
     end: float
     segments: list[Segment] = field(default_factory=list)
     end_of_utterance: bool = False
 
     def as_dict(self) -> dict:
+        if self.type == "error":
+            return {"type": "error", "code": "decode_failed", "message": self.text}
         d = {"type": self.type, "text": self.text, "start": round(self.start, 3), "end": round(self.end, 3)}
         if self.type == "final":
             d["segments"] = [{"start": round(s.start, 3), "end": round(s.end, 3), "text": s.text} for s in self.segments]
@@ -246,6 +249,8 @@ class Stream:
         if fallbacks and not reliable:
             self.context = []  # as Whisper does after a failed window: do not prompt with text that loops
         if request.kind == "final":
+            if self._ended_early(cont, len(request.audio)):  # commit what was said, decode the rest again
+                return self._commit_window(cont, len(request.audio))
             return self._commit_all(cont, len(request.audio))
         if request.kind == "window":
             return self._commit_window(cont, len(request.audio))
@@ -283,6 +288,18 @@ class Stream:
         self.stats.utterances += 1 if ended else 0
         return events
 
+    def _ended_early(self, cont: list[int], decoded: int) -> bool:
+        """Whether a final decode's text stops (at its last timestamp) well before the speech in the audio it
+        heard does: Whisper sometimes ends a window early. Committing the whole buffer would drop the words
+        after it; like Whisper's offline loop, which seeks to the last timestamp, the rest is decoded again."""
+        every = self.committed + cont
+        ends = self._segment_ends(every)
+        if not ends:
+            return False
+        text_end = (every[ends[-1]] - self.vocab.timestamp_begin) * TOKEN_SECONDS
+        speech_end = decoded / SAMPLE_RATE if self.vad is None else self.last_voiced - self.start
+        return speech_end - text_end >= self.config.unheard_s
+
     @property
     def silent(self) -> bool:
         """Nothing worth decoding: no speech in the buffer and nothing committed from it."""
@@ -294,8 +311,7 @@ class Stream:
         offline loop seeks. Without a segment end, the whole window is committed and dropped."""
         tb = self.vocab.timestamp_begin
         every = self.committed + cont
-        ends = [i for i in range(1, len(every)) if every[i] > tb and every[i - 1] < tb
-                and (i + 1 == len(every) or every[i + 1] >= tb)]
+        ends = self._segment_ends(every)
         if not ends:
             return self._commit_all_window(cont, decoded)
         cut = ends[-1]
@@ -308,6 +324,12 @@ class Stream:
         self.previous = rebase(every[max(cut + 1, done):])
         self._drop(int(round(shift * TOKEN_SECONDS * SAMPLE_RATE)))
         return events + self._partial_event()
+
+    def _segment_ends(self, tokens: list[int]) -> list[int]:
+        """Indices of the timestamps that close a segment (after text, followed by a timestamp or the end)."""
+        tb = self.vocab.timestamp_begin
+        return [i for i in range(1, len(tokens)) if tokens[i] > tb and tokens[i - 1] < tb
+                and (i + 1 == len(tokens) or tokens[i + 1] >= tb)]
 
     def _commit_all_window(self, cont: list[int], decoded: int) -> list[Event]:
         events = [self._final(cont, end_of_utterance=False, decoded=decoded)] if cont else []
