@@ -212,6 +212,8 @@ def test_finalize_spam_neither_hallucinates_nor_starves_a_normal_session(server)
     first_word_end = 3.2  # "And so, my fellow Americans" ends about 3.2 s into the clip
     print(f"normal session's first final {first_final[0]:.2f} s after it started; attacker {closed_event(attacker_events)}")
     assert first_final[0] - first_word_end <= 6.0
+    attacked = closed_event(attacker_events)
+    assert attacked["decoded_seconds"] == pytest.approx(attacked["audio_seconds"], abs=0.01)  # its audio too
     finals = [e for e in attacker_events if e["type"] == "final" and e["text"]]
     assert finals and all(len(e["text"]) < 400 for e in finals)  # no 1000-character hallucinated finals
     assert closed_event(attacker_events)["decodes"] <= 3 * len(attack_audio) / 16000  # not one decode per frame

@@ -129,6 +129,7 @@ class Stream:
         self.partial = ""
         self.emitted_end = 0.0  # end time of the last final sent
         self.flush_requested = False
+        self.flush_upto = 0.0  # audio seconds received when the pending flush was asked for
         self.closing = False  # the flush requested is the last one (``close``): decode whatever is left
         self.flushes = 0  # completed flushes
         self.waiting_since: float | None = None  # wall time of the oldest audio not yet in a decode request
@@ -180,6 +181,7 @@ class Stream:
         coalesce: one pending flush at a time."""
         self.flush_requested = True
         self.closing = self.closing or close
+        self.flush_upto = self.stats.audio_s
 
     # --- scheduling -----------------------------------------------------------------------------------
     @property
@@ -275,18 +277,31 @@ class Stream:
         if cont or self.committed or self.flush_requested:  # every utterance ends with a final
             events.append(self._final(cont, end_of_utterance=ended, decoded=decoded))
         self._add_context(self.committed + cont)
-        self._drop(decoded, decoded=bool(self.speech or self.committed))
+        self._drop(self._utterance_samples(self.committed + cont, decoded), decoded=bool(self.speech or self.committed))
         self.committed, self.previous, self.partial = [], [], ""
         self.speech = not self.config.vad or self.last_voiced > self.start
         if not self.speech:
             self.silence_s = 0.0
         if ended:
             self.language = self.config.language
-        if self.flush_requested:
+        # a flush is done once all it asked for has left the buffer (a decode requested before it covers less)
+        if self.flush_requested and self.stats.decoded_s + self.stats.skipped_s >= self.flush_upto - 1e-6:
             self.flushes += 1
-        self.flush_requested = False
+            self.flush_requested = False
         self.stats.utterances += 1 if ended else 0
         return events
+
+    def _utterance_samples(self, tokens: list[int], decoded: int) -> int:
+        """How much of the ``decoded`` audio an end of utterance (trailing silence, no flush) takes from the
+        buffer: up to half the end silence past the last voiced audio (or the text's last timestamp, if
+        later). The rest stays for the next utterance: it may hold the quiet onset of its first word, which
+        voice detection has not flagged yet (dropped, "ask not" came back as "is not")."""
+        if self.vad is None or self.flush_requested or self.last_voiced <= self.start:
+            return decoded
+        stamps = [t for t in tokens if t >= self.vocab.timestamp_begin]
+        text_end = (stamps[-1] - self.vocab.timestamp_begin) * TOKEN_SECONDS if stamps else 0.0
+        end = max(self.last_voiced - self.start + self.config.end_silence_s / 2, text_end)
+        return min(decoded, int(round(end * SAMPLE_RATE)))
 
     def _ended_early(self, cont: list[int], decoded: int) -> bool:
         """Whether a final decode's text stops (at its last timestamp) well before the speech in the audio it
