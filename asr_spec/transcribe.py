@@ -13,7 +13,7 @@ import torch
 from .audio import SAMPLE_RATE
 from .decoding.logits import LogitRules
 from .decoding.sampling import sampler_for
-from .decoding.speculative import Decoders, RowResult, RowStats, speculative_decode
+from .decoding.speculative import SAMPLE_LEN, Decoders, RowResult, RowStats, speculative_decode
 from .features import FRAMES_PER_SECOND, N_FRAMES, TOKEN_SECONDS, encoder_frames, log_mel, window
 from .models.loader import Draft, Whisper
 
@@ -119,14 +119,14 @@ class Transcriber:
                temperature: float, k: int, timestamps: bool, generator: torch.Generator | None,
                use_draft: bool = True, draft_stop: float = 0.0,
                prefixes: list[list[int]] | None = None, hints: list[list[int]] | None = None,
-               memory_lengths: list[int] | None = None) -> list[RowResult]:
+               memory_lengths: list[int] | None = None, sample_len: int | list[int] = SAMPLE_LEN) -> list[RowResult]:
         """One speculative decode of a batch of windows (``memories`` rows match ``prompts``)."""
         draft = self.draft.decoder if (self.draft and use_draft) else None
         return speculative_decode(
             Decoders(self.target.decoder, draft), memories[0], memories[1], [p for p, _ in prompts],
             [s for _, s in prompts], LogitRules.whisper(self.vocab, timestamps), sampler_for(temperature),
             k if draft else 0, self.vocab.eot, self.vocab.no_speech, generator=generator, stop_below=draft_stop, prefixes=prefixes,
-            hints=hints, memory_lengths=memory_lengths)
+            hints=hints, memory_lengths=memory_lengths, sample_len=sample_len)
 
     def needs_fallback(self, r: RowResult, o: TranscribeOptions) -> bool:
         """Whisper's checks on a decode: repetitive (compression ratio) or unlikely (mean log-probability)

@@ -110,6 +110,21 @@ def test_rows_finish_independently_and_respect_sample_len(tiny_target):
         assert [r.tokens for r in out] == [r.tokens for r in _decode(tiny_target, None, prompts, True, 0, 7)]
 
 
+@pytest.mark.parametrize("k", [0, 4])
+def test_each_row_may_have_its_own_sample_len(tiny_target, k):
+    """Streaming caps a short piece's row at what its audio can hold: each row stops at its own limit and
+    is the prefix of what it would have been with a larger one (the other rows are not affected)."""
+    prompts = PROMPTS[:3]
+    draft = load_draft("layers:0,1", tiny_target)
+    longest = [r.tokens for r in _decode(tiny_target, None, prompts, True, 0, 40)]
+    limits = [5, 40, 9]
+    out = [r.tokens for r in _decode(tiny_target, draft, prompts, True, k, sample_len=limits)]
+    for tokens, full, limit in zip(out, longest, limits):
+        assert len(tokens) <= limit
+        assert tokens == full[:len(tokens)] and (tokens == full or len(tokens) == limit)
+    assert any(len(full) > limit for full, limit in zip(longest, limits))  # some row was really cut
+
+
 @pytest.mark.parametrize("k", [0, 3])
 def test_hints_are_free_drafts_and_never_change_the_output(tiny_target, k):
     """Streaming re-decodes verify the previous hypothesis first: right, half right or wrong hints,

@@ -45,6 +45,7 @@ def test_a_long_stream_is_trimmed_and_matches_the_offline_transcript(transcriber
     finals = [e for e in events if e.type == "final"]
     assert any(not e.end_of_utterance for e in finals) and finals[-1].end_of_utterance
     assert all(a.end <= b.start + 1e-6 for a, b in zip(finals, finals[1:]))
+    assert all(e.text or e.end_of_utterance for e in finals)  # only an utterance's end may be an empty final
     assert stats[0].decode.hint_accepted > 0  # re-decodes verified the previous hypothesis for free
     assert wer <= 0.05, (offline, streamed)
 

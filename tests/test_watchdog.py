@@ -203,14 +203,17 @@ def test_finalize_spam_neither_hallucinates_nor_starves_a_normal_session(server)
     time.sleep(1.0)
     t0, first_final = time.monotonic(), []
     jfk = load_audio(DEV / "jfk-inaugural-1961-ask-not.wav")
-    normal = run_with_deadline(lambda: stream_file(url, jfk, 1.0, lambda e: e["type"] == "final" and e["text"]
-                                                   and first_final.append(time.monotonic() - t0)), 120)
+    arrivals: list[tuple[float, dict]] = []
+    normal = run_with_deadline(lambda: stream_file(url, jfk, 1.0, lambda e: arrivals.append((time.monotonic() - t0, e))
+                                                   or (e["type"] == "final" and e["text"]
+                                                       and first_final.append(time.monotonic() - t0))), 120)
     attacker.join(300)
     assert not attacker.is_alive(), "the attacker's session did not end"
     left = time.monotonic()
     assert "ask not what your country can do for you" in normalize(finals_text(normal))
     first_word_end = 3.2  # "And so, my fellow Americans" ends about 3.2 s into the clip
     print(f"normal session's first final {first_final[0]:.2f} s after it started; attacker {closed_event(attacker_events)}")
+    print("normal session:", [(round(t, 2), e["type"], e.get("text", "")[:40], e.get("end")) for t, e in arrivals])
     assert first_final[0] - first_word_end <= 6.0
     attacked = closed_event(attacker_events)
     assert attacked["decoded_seconds"] == pytest.approx(attacked["audio_seconds"], abs=0.01)  # its audio too

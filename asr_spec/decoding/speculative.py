@@ -61,6 +61,7 @@ def _gather(seq: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 HINT_K = 8  # most hint tokens verified per pass
+SAMPLE_LEN = 224  # Whisper's most tokens per window (half the decoder's 448 positions)
 
 
 def _draft_proposals(draft: StaticDecoder, d_cache, seq: torch.Tensor, n: torch.Tensor, dn: torch.Tensor,
@@ -121,7 +122,7 @@ def speculative_decode(
     k: int,
     eot: int,
     no_speech: int,
-    sample_len: int = 224,
+    sample_len: int | list[int] = SAMPLE_LEN,
     generator: torch.Generator | None = None,
     stop_below: float = 0.0,
     prefixes: list[list[int]] | None = None,
@@ -138,7 +139,8 @@ def speculative_decode(
     (a streaming re-decode's previous hypothesis, end-of-text implied): while every live row still
     follows its hint, passes verify hint tokens instead of running the draft (free drafts; exact all
     the same). ``memory_lengths[b]``: row b's encoder output is its first that many positions (a batch
-    of different-length memories padded together)."""
+    of different-length memories padded together). ``sample_len``: the most tokens a row holds (prefix
+    included), one for all rows or one per row."""
     target, draft = decoders.target, decoders.draft if k > 0 else None
     dev = target.device
     b = len(prompts)
@@ -146,6 +148,7 @@ def speculative_decode(
     hints = [h + [eot] if h else [] for h in hints] if hints else [[] for _ in prompts]  # a hypothesis ends
     prompts = [p + f for p, f in zip(prompts, prefixes)]
     k = k if draft is not None else 0
+    limits = list(sample_len) if isinstance(sample_len, list) else [sample_len] * b
     max_pos = target.max_positions
     if (longest := max(map(len, prompts))) > max_pos:
         raise ValueError(f"prompt + prefix of {longest} tokens exceeds the decoder's {max_pos} positions")
@@ -181,7 +184,7 @@ def speculative_decode(
 
     def room(i: int, r: int) -> int:
         """Tokens row r (batch index i) may still add: sample_len counts the prefix, the target has max_pos positions."""
-        return min(sample_len - len(sampled[r]), max_pos + 1 - int(n[i]))
+        return min(limits[r] - len(sampled[r]), max_pos + 1 - int(n[i]))
 
     live = torch.arange(b, device=dev)  # original row ids of the rows still decoding
     full = [r for r in range(b) if room(r, r) <= 0]  # a prefix that fills the room: nothing left to decode

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..features import HOP, N_FRAMES, encoder_frames, log_mel, window
+from ..decoding.speculative import SAMPLE_LEN
+from ..features import HOP, N_FRAMES, SAMPLE_RATE, encoder_frames, log_mel, window
 from ..transcribe import TranscribeOptions, Transcriber
 from .stream import Event, Request, Stream, StreamConfig
 
@@ -33,6 +34,10 @@ class EngineConfig:
     encoder_window: str = "audio"  # "audio": encode only the buffer (plus 2 s); "full": padded 30 s windows
     # Whisper's hallucination thresholds; a shorter fallback ladder than offline (each step is a full decode)
     checks: TranscribeOptions = TranscribeOptions(temperatures=(0.0, 0.4, 0.8))
+    # a row holds at most its prefix + 16 + this many tokens per second of its audio (capped at Whisper's 224):
+    # speech is 3-7 tokens/s with timestamps, so only a loop reaches it, and a loop on a short piece costs
+    # what the piece is worth instead of 224 tokens at every temperature
+    tokens_per_s: float = 16.0
 
 
 class Engine:
@@ -167,9 +172,11 @@ class Engine:
             detected = tr.detect_language(memories[0], lengths)
             languages = [lang or d for lang, d in zip(languages, detected)]
         prompts = [tr.prompt(r.context, lang, r.task, timestamps=True) for r, lang in zip(requests, languages)]
+        limits = [min(SAMPLE_LEN, len(r.prefix) + 16 + int(c.tokens_per_s * len(r.audio) / SAMPLE_RATE))
+                  for r in requests]
         results = tr.decode(memories, prompts, 0.0, c.k, True, None, draft_stop=c.draft_stop,
                             prefixes=[r.prefix for r in requests], hints=[r.hint for r in requests],
-                            memory_lengths=lengths)
+                            memory_lengths=lengths, sample_len=limits)
         out = []
         for i, (r, result) in enumerate(zip(requests, results)):
             row = (memories[0][i:i + 1, :lengths[i]], memories[1][i:i + 1, :lengths[i]] if memories[1] is not None else None)
@@ -179,14 +186,14 @@ class Engine:
                 fallbacks += 1  # looped, or failed the checks: decode it again as Whisper would,
                 row = tr.encode(window(log_mel(r.audio, tr.target.n_mels), 0, N_FRAMES)[None].to(device))  # 30 s
                 result = tr.decode(row, [prompts[i]], 0.0, c.k, True, None, draft_stop=c.draft_stop,
-                                   prefixes=[r.prefix], hints=[r.hint])[0]
+                                   prefixes=[r.prefix], hints=[r.hint], sample_len=limits[i])[0]
             reliable = not tr.needs_fallback(result, c.checks)
             if r.final and not reliable:
                 generator = torch.Generator(device=device).manual_seed(c.checks.seed)
                 for temperature in c.checks.temperatures[1:]:
                     fallbacks += 1
                     result = tr.decode(row, [prompts[i]], temperature, c.k, True, generator, draft_stop=c.draft_stop,
-                                       prefixes=[r.prefix])[0]
+                                       prefixes=[r.prefix], sample_len=limits[i])[0]
                     if reliable := not tr.needs_fallback(result, c.checks):
                         break
             out.append((result, languages[i], reliable, fallbacks))

@@ -262,7 +262,8 @@ class Stream:
         agreed = self._agreement(cont, self.previous)
         events = []
         if agreed:
-            events.append(self._final(agreed, end_of_utterance=False))
+            if any(t < self.vocab.eot for t in agreed):  # a lone timestamp is committed without an empty final
+                events.append(self._final(agreed, end_of_utterance=False))
             self.committed += agreed
         self.previous = cont[len(agreed):]
         events += self._partial_event()
