@@ -207,7 +207,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
                                 k=TranscribeOptions.k if args.k is None else args.k,
                                 draft_stop=TranscribeOptions.draft_stop if args.draft_stop is None else args.draft_stop,
                                 temperatures=_temperatures(args.temperature, not args.no_fallback),
-                                seed=args.seed, encoder_window=args.encoder_window)
+                                seed=args.seed, encoder_window=args.encoder_window, adaptive_k=not args.fixed_k)
     transcriber = Transcriber(target, draft)
 
     def seconds(f: Path) -> float:
@@ -330,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--format", choices=["txt", "srt", "vtt", "json", "all"], help="output format (default txt)")
     _model_args(t)
     t.add_argument("--k", type=int, help="most drafted tokens per target pass (default 3)")
+    t.add_argument("--fixed-k", action="store_true", help="always draft K tokens (default: each greedy pass drafts "
+                   "the 0..K tokens measured to pay most; the text is the same either way)")
     t.add_argument("--draft-stop", type=float, help="adaptive draft length: stop drafting once the draft's probability "
                    "for its proposal is below this (default 0.3; 0 = always K)")
     t.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples (exact speculative sampling)")
@@ -380,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--manifest", required=True, help='JSON lines of {"id", "audio", "text"} (audio relative to the file)')
     e.add_argument("--limit", type=int, default=0, help="first N utterances only")
     e.add_argument("--systems", default="target,spec,draft,hf,hf-assisted,faster-whisper",
-                   help="comma list of target, spec, spec-sample, draft, hf, hf-assisted, faster-whisper")
+                   help="comma list of target, spec, spec-fixed (always K drafts), spec-sample, draft, hf, "
+                        "hf-assisted, faster-whisper")
     e.add_argument("--k", default="3", help="comma list of K for spec (one run each)")
     e.add_argument("--encoder-dtype", choices=["float32", "bfloat16"], default="float32",
                    help="encoder precision of our systems (target, spec, draft)")

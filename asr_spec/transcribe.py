@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from .audio import SAMPLE_RATE
+from .decoding.costs import CostModel
 from .decoding.logits import LogitRules
 from .decoding.sampling import sampler_for
 from .decoding.speculative import SAMPLE_LEN, Decoders, RowResult, RowStats, speculative_decode
@@ -25,6 +26,7 @@ class TranscribeOptions:
     timestamps: bool = True
     k: int = 3  # most drafted tokens per target pass
     draft_stop: float = 0.3  # stop drafting when the draft's belief in its proposal falls below this
+    adaptive_k: bool = True  # greedy: each pass drafts the 0..k tokens measured to pay most (False: always k)
     temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # fallback ladder
     compression_ratio_threshold: float | None = 2.4
     logprob_threshold: float | None = -1.0
@@ -93,6 +95,7 @@ class Transcriber:
     def __init__(self, target: Whisper, draft: Draft | None = None):
         self.target, self.draft = target, draft
         self.vocab = target.vocab
+        self.costs = CostModel()  # what passes cost on this machine, learnt while decoding
 
     def encode(self, mel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         enc = self.target.encode(mel)
@@ -119,11 +122,12 @@ class Transcriber:
                temperature: float, k: int, timestamps: bool, generator: torch.Generator | None,
                use_draft: bool = True, draft_stop: float = 0.0,
                prefixes: list[list[int]] | None = None, hints: list[list[int]] | None = None,
-               memory_lengths: list[int] | None = None, sample_len: int | list[int] = SAMPLE_LEN) -> list[RowResult]:
+               memory_lengths: list[int] | None = None, sample_len: int | list[int] = SAMPLE_LEN,
+               adaptive_k: bool = True) -> list[RowResult]:
         """One speculative decode of a batch of windows (``memories`` rows match ``prompts``)."""
         draft = self.draft.decoder if (self.draft and use_draft) else None
         return speculative_decode(
-            Decoders(self.target.decoder, draft), memories[0], memories[1], [p for p, _ in prompts],
+            Decoders(self.target.decoder, draft, self.costs if adaptive_k else None), memories[0], memories[1], [p for p, _ in prompts],
             [s for _, s in prompts], LogitRules.whisper(self.vocab, timestamps), sampler_for(temperature),
             k if draft else 0, self.vocab.eot, self.vocab.no_speech, generator=generator, stop_below=draft_stop, prefixes=prefixes,
             hints=hints, memory_lengths=memory_lengths, sample_len=sample_len)
@@ -176,14 +180,14 @@ class Transcriber:
             prompt = self.prompt(previous, language, o.task, o.timestamps)
             for i, temperature in enumerate(o.temperatures):
                 result = self.decode(memories, [prompt], temperature, o.k, o.timestamps, generator, use_draft,
-                                     o.draft_stop)[0]
+                                     o.draft_stop, adaptive_k=o.adaptive_k)[0]
                 if frames < N_FRAMES and (self.suspect(result, memories[0].shape[1]) or self.needs_fallback(result, o)):
                     frames = N_FRAMES  # decode this window again the way Whisper does: padded to 30 s
                     memories = self.encode(window(mel, seek, frames)[None])
                     stats.decode.add(result.stats)
                     stats.fallbacks += 1
                     result = self.decode(memories, [prompt], temperature, o.k, o.timestamps, generator, use_draft,
-                                         o.draft_stop)[0]
+                                         o.draft_stop, adaptive_k=o.adaptive_k)[0]
                 stats.decode.add(result.stats)
                 if i + 1 == len(o.temperatures) or not self.needs_fallback(result, o):
                     break

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from asr_spec.decoding.costs import PROBE_EVERY, CostModel
 from asr_spec.decoding.kv_decoder import StaticDecoder
 from asr_spec.decoding.logits import LogitRules
 from asr_spec.decoding.sampling import Greedy
@@ -188,3 +189,34 @@ def _guarded(fn, seconds: float = 120.0):
         return fn()
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+def test_the_cost_model_drafts_only_what_pays():
+    costs = CostModel(verify_s={1: 10.0, 4: 12.0}, draft_s=2.5)  # the shape this CPU measures (ms)
+    assert costs.verify(2) == pytest.approx(10 + 2 / 3) and costs.verify(3) == pytest.approx(11 + 1 / 3)
+    assert costs.best_k(0.9, 3) == 3  # a well-matched draft: draft all K
+    assert costs.best_k(0.3, 3) == 0  # a poor one: plain target decoding is faster
+    assert costs.best_k(0.95, 8) > costs.best_k(0.6, 8) > 0
+    assert CostModel(verify_s={1: 10.0}, draft_s=100.0).best_k(0.99, 3) == 0  # a draft slower than the target
+
+
+@pytest.mark.parametrize("draft_s, alpha", [(1e9, 0.99), (1e-9, 0.99), (1e-3, 0.2)])
+def test_a_decode_with_the_cost_model_is_exact_and_follows_it(tiny_target, draft_s, alpha):
+    """Whatever draft length the cost model picks, greedy output is the target's own; a draft that costs
+    more than it saves is run only on the rare probe passes."""
+    draft = load_draft("layers:0,1", tiny_target)  # the target itself: every draft is accepted
+    v = tiny_target.vocab
+    prompts = PROMPTS[:2]
+    mem = _memory(len(prompts))
+    ref = _decode(tiny_target, None, prompts, True, 0, sample_len=60)
+    costs = CostModel(alpha=alpha, verify_s={1: 1.0, 4: 1.3}, draft_s=draft_s, rate=0.0)  # rate 0: costs stay put
+    out = speculative_decode(Decoders(tiny_target.decoder, draft.decoder, costs), mem, mem, prompts,
+                             [p.index(v.sot) for p in prompts], LogitRules.whisper(v, True), Greedy(), 3, v.eot,
+                             v.no_speech, 60)
+    assert [r.tokens for r in out] == [r.tokens for r in ref]
+    passes = out[0].stats.target_passes
+    drafted = out[0].stats.drafted
+    if draft_s > 1:
+        assert drafted <= passes // PROBE_EVERY + 1
+    elif alpha > 0.9:
+        assert drafted >= 2 * passes  # K = 3 nearly every pass

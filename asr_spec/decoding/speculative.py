@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .costs import PROBE_EVERY, CostModel, Stopwatch
 from .kv_decoder import StaticDecoder
 from .logits import LogitRules
 from .sampling import Greedy, Rejection
@@ -54,6 +55,7 @@ class RowResult:
 class Decoders:
     target: StaticDecoder
     draft: StaticDecoder | None = None
+    costs: CostModel | None = None  # pick each pass's draft length by cost (greedy only); None: always k
 
 
 def _gather(seq: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -61,6 +63,7 @@ def _gather(seq: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 HINT_K = 8  # most hint tokens verified per pass
+PRIOR_WEIGHT = 8  # a decode's acceptance estimate starts as this many drafts at the recent acceptance
 SAMPLE_LEN = 224  # Whisper's most tokens per window (half the decoder's 448 positions)
 
 
@@ -186,6 +189,11 @@ def speculative_decode(
         """Tokens row r (batch index i) may still add: sample_len counts the prefix, the target has max_pos positions."""
         return min(limits[r] - len(sampled[r]), max_pos + 1 - int(n[i]))
 
+    costs = decoders.costs
+    adaptive = costs is not None and draft is not None and isinstance(sampler, Greedy)
+    watch = Stopwatch(dev)
+    judged = (0, 0)  # this decode's accepted drafts, and accepted + rejected (α = their ratio)
+    undrafted = 0  # passes in a row that chose not to draft
     live = torch.arange(b, device=dev)  # original row ids of the rows still decoding
     full = [r for r in range(b) if room(r, r) <= 0]  # a prefix that fills the room: nothing left to decode
     for r in full:
@@ -208,13 +216,26 @@ def speculative_decode(
             drafts, q = _hint_proposals(hints, generated, rows, eot, target.vocab_size,
                                         isinstance(sampler, Rejection), dev)
         elif d_cache is not None:
-            drafts, q = _draft_proposals(draft, d_cache, seq, n, dn, rows, sampled, rules, sampler, k, stop_below,
-                                         target.vocab_size, generator)
+            want = k
+            if adaptive:  # the draft length with the most tokens per second at this decode's acceptance so far
+                want = costs.best_k((PRIOR_WEIGHT * costs.alpha + judged[0]) / (PRIOR_WEIGHT + judged[1]), k)
+                undrafted = undrafted + 1 if want == 0 else 0
+                if undrafted > PROBE_EVERY:  # draft now and then anyway, to notice a better-matched stretch
+                    want, undrafted = 1, 0
+            if want:
+                with watch:
+                    drafts, q = _draft_proposals(draft, d_cache, seq, n, dn, rows, sampled, rules, sampler, want,
+                                                 stop_below, target.vocab_size, generator)
+                if adaptive:
+                    costs.record_draft(drafts.shape[1], watch.seconds)
 
         kk = drafts.shape[1]
         vfeed = torch.cat([_gather(seq, (n - 1)[:, None]), drafts], dim=1)
         vpos = (n - 1)[:, None] + torch.arange(kk + 1, device=dev)
-        logits = target(t_cache, vfeed, vpos).float()
+        with watch:
+            logits = target(t_cache, vfeed, vpos).float()
+        if adaptive:
+            costs.record_verify(kk + 1, watch.seconds)
         if sot_last:  # first pass only: row ids of the rows still live
             at = [rows.index(r) for r in sot_last]
             probs = torch.softmax(logits[at, 0], dim=-1)[:, no_speech].tolist()
@@ -249,8 +270,9 @@ def speculative_decode(
                 st.drafted += kk
                 st.accepted += judged_accepts
                 st.accepted_at.append(judged_accepts)
-                if a < kk and len(new) == a + 1:
-                    st.rejected += 1
+                rejected = a < kk and len(new) == a + 1
+                st.rejected += rejected
+                judged = (judged[0] + judged_accepts, judged[1] + judged_accepts + rejected)
                 dn[i] = n[i] + min(a, kk - 1) if kk else dn[i]
             sum_logprob[r] += sum(token_lp[i][: len(new)])
             seq[i, int(n[i]): int(n[i]) + len(new)] = torch.tensor(new, device=dev)
@@ -271,4 +293,6 @@ def speculative_decode(
             t_cache = t_cache.select(idx)
             if d_cache is not None:
                 d_cache = d_cache.select(idx)
+    if adaptive and judged[1]:
+        costs.record_alpha(judged[0] / judged[1])
     return [r for r in results if r is not None]

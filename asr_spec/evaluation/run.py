@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .metrics import speedups, summarize
 from .report import write_report
-from .systems import Setup, SystemSpec, expand, missing
+from .systems import OURS, Setup, SystemSpec, expand, missing
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def evaluate(o: EvalOptions) -> dict:
     summaries = {name: summarize(run, refs, target_texts) for name, run in runs.items()}
     for name, run in runs.items():
         summaries[name]["load_s"] = run["load_s"]
-    peers = [n for n, r in runs.items() if r["system"]["kind"] not in ("target", "spec", "spec-sample", "draft")]
+    peers = [n for n, r in runs.items() if r["system"]["kind"] not in OURS]
     results = {
         "environment": environment(threads),
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items()},

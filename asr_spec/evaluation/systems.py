@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-OURS = ("target", "spec", "spec-sample", "draft")
+OURS = ("target", "spec", "spec-fixed", "spec-sample", "draft")
 PEERS = ("hf", "hf-assisted", "faster-whisper")
 
 
@@ -22,6 +22,7 @@ class SystemSpec:
     temperature: float = 0.0
     seed: int = 0
     compute_type: str = ""
+    adaptive_k: bool = True  # spec: each pass's draft length by measured cost (spec-fixed: always k)
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,9 @@ def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
            stops: list[float] = [0.0]) -> list[SystemSpec]:  # noqa: B006 (never mutated)
     out: list[SystemSpec] = []
     for s in systems:
-        if s == "spec":
-            out += [SystemSpec(f"spec-k{k}" + (f"-stop{p:g}" if p else ""), "spec", k=k, draft_stop=p)
-                    for k in ks for p in stops]
+        if s in ("spec", "spec-fixed"):
+            out += [SystemSpec(f"{s}-k{k}" + (f"-stop{p:g}" if p else ""), "spec", k=k, draft_stop=p,
+                               adaptive_k=s == "spec") for k in ks for p in stops]
         elif s == "spec-sample":
             out += [SystemSpec(f"spec-sample-t{temperature}-s{i}", "spec-sample", k=ks[0], draft_stop=stops[0],
                                temperature=temperature, seed=i) for i in range(seeds)]
@@ -94,7 +95,7 @@ def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
     if spec.kind == "draft":  # one greedy attempt: a failing draft would otherwise retry at every temperature
         temps = (0.0,)
     opts = TranscribeOptions(language=setup.language, k=spec.k, draft_stop=spec.draft_stop, temperatures=temps,
-                             seed=spec.seed, encoder_window=setup.encoder_window)
+                             seed=spec.seed, encoder_window=setup.encoder_window, adaptive_k=spec.adaptive_k)
 
     def run(audio: np.ndarray) -> Output:
         t0 = time.perf_counter()
