@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asr_spec.decoding.costs import PROBE_EVERY, CostModel
+from asr_spec.decoding.costs import FIRST_TRIES, PROBE_EVERY, CostModel
 from asr_spec.decoding.kv_decoder import StaticDecoder
 from asr_spec.decoding.logits import LogitRules
 from asr_spec.decoding.sampling import Greedy
@@ -191,32 +191,43 @@ def _guarded(fn, seconds: float = 120.0):
         faulthandler.cancel_dump_traceback_later()
 
 
-def test_the_cost_model_drafts_only_what_pays():
-    costs = CostModel(verify_s={1: 10.0, 4: 12.0}, draft_s=2.5)  # the shape this CPU measures (ms)
-    assert costs.verify(2) == pytest.approx(10 + 2 / 3) and costs.verify(3) == pytest.approx(11 + 1 / 3)
-    assert costs.best_k(0.9, 3) == 3  # a well-matched draft: draft all K
-    assert costs.best_k(0.3, 3) == 0  # a poor one: plain target decoding is faster
-    assert costs.best_k(0.95, 8) > costs.best_k(0.6, 8) > 0
-    assert CostModel(verify_s={1: 10.0}, draft_s=100.0).best_k(0.99, 3) == 0  # a draft slower than the target
+def test_the_cost_model_tries_every_length_then_runs_the_fastest_and_probes_its_neighbours():
+    costs = CostModel(rate=0.0)
+    tried = []
+    for _ in range(4 * FIRST_TRIES):
+        tried.append(k := costs.choose(3))
+        costs.record(k, tokens_per_row=[1.0, 1.8, 2.3, 2.6][k], seconds=[10.0, 12.0, 16.0, 20.0][k])
+    assert sorted(tried) == sorted(list(range(4)) * FIRST_TRIES)  # each a few times, in whatever order
+    picks = [costs.choose(3) for _ in range(4 * PROBE_EVERY)]  # passes 17..80: probes at 32, 48, 64, 80
+    assert picks.count(1) == len(picks) - 4 and set(picks) == {0, 1, 2}  # K = 1 is fastest; 0 and 2 probed
+    costs = CostModel(rate=1.0)
+    for _ in range(FIRST_TRIES):
+        costs.record(0, 1.0, 10.0)
+        costs.record(3, 2.6, 30.0)  # a draft that does not pay: plain target decoding
+    assert costs.choose(3) in (1, 2)  # not tried yet
+    for _ in range(FIRST_TRIES):
+        costs.record(1, 1.1, 14.0)
+        costs.record(2, 1.2, 18.0)
+    assert costs.choose(3) == 0
 
 
-@pytest.mark.parametrize("draft_s, alpha", [(1e9, 0.99), (1e-9, 0.99), (1e-3, 0.2)])
-def test_a_decode_with_the_cost_model_is_exact_and_follows_it(tiny_target, draft_s, alpha):
-    """Whatever draft length the cost model picks, greedy output is the target's own; a draft that costs
-    more than it saves is run only on the rare probe passes."""
+@pytest.mark.parametrize("fastest", [0, 3])
+def test_a_decode_with_the_cost_model_is_exact_and_follows_it(tiny_target, fastest):
+    """Whatever draft length the cost model picks, greedy output is the target's own; a draft length
+    measured slow is run only on the probe passes."""
     draft = load_draft("layers:0,1", tiny_target)  # the target itself: every draft is accepted
     v = tiny_target.vocab
     prompts = PROMPTS[:2]
     mem = _memory(len(prompts))
     ref = _decode(tiny_target, None, prompts, True, 0, sample_len=60)
-    costs = CostModel(alpha=alpha, verify_s={1: 1.0, 4: 1.3}, draft_s=draft_s, rate=0.0)  # rate 0: costs stay put
+    costs = CostModel(tokens={k: 1.0 + k for k in range(4)}, seconds={k: 1.0 if k == fastest else 100.0 for k in range(4)},
+                      counts={k: 10**9 for k in range(4)}, rate=0.0)  # as if measured for ever: they stay put
     out = speculative_decode(Decoders(tiny_target.decoder, draft.decoder, costs), mem, mem, prompts,
                              [p.index(v.sot) for p in prompts], LogitRules.whisper(v, True), Greedy(), 3, v.eot,
                              v.no_speech, 60)
     assert [r.tokens for r in out] == [r.tokens for r in ref]
-    passes = out[0].stats.target_passes
-    drafted = out[0].stats.drafted
-    if draft_s > 1:
+    passes, drafted = out[0].stats.target_passes, out[0].stats.drafted
+    if fastest == 0:
         assert drafted <= passes // PROBE_EVERY + 1
-    elif alpha > 0.9:
-        assert drafted >= 2 * passes  # K = 3 nearly every pass
+    else:
+        assert drafted >= 2 * passes  # K = 3 on all but the probe passes

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .costs import PROBE_EVERY, CostModel, Stopwatch
+from .costs import CostModel, wall_clock
 from .kv_decoder import StaticDecoder
 from .logits import LogitRules
 from .sampling import Greedy, Rejection
@@ -63,7 +63,6 @@ def _gather(seq: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 HINT_K = 8  # most hint tokens verified per pass
-PRIOR_WEIGHT = 8  # a decode's acceptance estimate starts as this many drafts at the recent acceptance
 SAMPLE_LEN = 224  # Whisper's most tokens per window (half the decoder's 448 positions)
 
 
@@ -191,9 +190,7 @@ def speculative_decode(
 
     costs = decoders.costs
     adaptive = costs is not None and draft is not None and isinstance(sampler, Greedy)
-    watch = Stopwatch(dev)
-    judged = (0, 0)  # this decode's accepted drafts, and accepted + rejected (α = their ratio)
-    undrafted = 0  # passes in a row that chose not to draft
+    now = wall_clock(dev)
     live = torch.arange(b, device=dev)  # original row ids of the rows still decoding
     full = [r for r in range(b) if room(r, r) <= 0]  # a prefix that fills the room: nothing left to decode
     for r in full:
@@ -207,6 +204,7 @@ def speculative_decode(
             d_cache = d_cache.select(idx)
         sot_last = [r for r in idx.tolist() if r in sot_last]
     while live.numel():
+        started = now() if adaptive else 0.0
         rows = live.tolist()
         m = len(rows)
         drafts = torch.empty(m, 0, dtype=torch.long, device=dev)
@@ -216,26 +214,15 @@ def speculative_decode(
             drafts, q = _hint_proposals(hints, generated, rows, eot, target.vocab_size,
                                         isinstance(sampler, Rejection), dev)
         elif d_cache is not None:
-            want = k
-            if adaptive:  # the draft length with the most tokens per second at this decode's acceptance so far
-                want = costs.best_k((PRIOR_WEIGHT * costs.alpha + judged[0]) / (PRIOR_WEIGHT + judged[1]), k)
-                undrafted = undrafted + 1 if want == 0 else 0
-                if undrafted > PROBE_EVERY:  # draft now and then anyway, to notice a better-matched stretch
-                    want, undrafted = 1, 0
+            want = costs.choose(k) if adaptive else k  # adaptive: the draft length measured to pay most
             if want:
-                with watch:
-                    drafts, q = _draft_proposals(draft, d_cache, seq, n, dn, rows, sampled, rules, sampler, want,
-                                                 stop_below, target.vocab_size, generator)
-                if adaptive:
-                    costs.record_draft(drafts.shape[1], watch.seconds)
+                drafts, q = _draft_proposals(draft, d_cache, seq, n, dn, rows, sampled, rules, sampler, want,
+                                             stop_below, target.vocab_size, generator)
 
         kk = drafts.shape[1]
         vfeed = torch.cat([_gather(seq, (n - 1)[:, None]), drafts], dim=1)
         vpos = (n - 1)[:, None] + torch.arange(kk + 1, device=dev)
-        with watch:
-            logits = target(t_cache, vfeed, vpos).float()
-        if adaptive:
-            costs.record_verify(kk + 1, watch.seconds)
+        logits = target(t_cache, vfeed, vpos).float()
         if sot_last:  # first pass only: row ids of the rows still live
             at = [rows.index(r) for r in sot_last]
             probs = torch.softmax(logits[at, 0], dim=-1)[:, no_speech].tolist()
@@ -252,7 +239,7 @@ def speculative_decode(
         emitted_all[torch.arange(m, device=dev), accepted] = nxt
         token_lp = logprobs.gather(2, emitted_all[:, :, None])[:, :, 0].tolist()
         acc_list, em_list = accepted.tolist(), emitted_all.tolist()
-        keep = []
+        keep, emitted = [], 0
         for i, r in enumerate(rows):
             a = acc_list[i]
             left = room(i, r)
@@ -270,9 +257,8 @@ def speculative_decode(
                 st.drafted += kk
                 st.accepted += judged_accepts
                 st.accepted_at.append(judged_accepts)
-                rejected = a < kk and len(new) == a + 1
-                st.rejected += rejected
-                judged = (judged[0] + judged_accepts, judged[1] + judged_accepts + rejected)
+                if a < kk and len(new) == a + 1:
+                    st.rejected += 1
                 dn[i] = n[i] + min(a, kk - 1) if kk else dn[i]
             sum_logprob[r] += sum(token_lp[i][: len(new)])
             seq[i, int(n[i]): int(n[i]) + len(new)] = torch.tensor(new, device=dev)
@@ -280,6 +266,7 @@ def speculative_decode(
             if following[r]:
                 following[r] = hints[r][generated[r]:generated[r] + len(new)] == new
             sampled[r].extend(new)
+            emitted += len(new)
             generated[r] += len(new)
             if ended or len(new) >= left:
                 toks = sampled[r][:-1] if ended else sampled[r]
@@ -287,12 +274,12 @@ def speculative_decode(
                 results[r] = RowResult(toks, sum_logprob[r], no_speech_prob[r], st)
             else:
                 keep.append(i)
+        if adaptive and not hinted:
+            costs.record(want, emitted / m, now() - started)
         if len(keep) < m:
             idx = torch.tensor(keep, dtype=torch.long, device=dev)
             live, seq, n, dn = live[idx], seq[idx], n[idx], dn[idx]
             t_cache = t_cache.select(idx)
             if d_cache is not None:
                 d_cache = d_cache.select(idx)
-    if adaptive and judged[1]:
-        costs.record_alpha(judged[0] / judged[1])
     return [r for r in results if r is not None]
