@@ -210,7 +210,10 @@ def test_finalize_spam_neither_hallucinates_nor_starves_a_normal_session(server)
     attacker.join(300)
     assert not attacker.is_alive(), "the attacker's session did not end"
     left = time.monotonic()
-    assert "ask not what your country can do for you" in normalize(finals_text(normal))
+    reference = "And so, my fellow Americans: ask not what your country can do for you, ask what you can do for your country."
+    # every word arrives; at most two differ (split at the pause under load, "ask not" may be heard as "is not")
+    assert "what your country can do for you ask what you can do for your country" in normalize(finals_text(normal))
+    assert wer(reference, finals_text(normal)) <= 10.0, finals_text(normal)
     first_word_end = 3.2  # "And so, my fellow Americans" ends about 3.2 s into the clip
     print(f"normal session's first final {first_final[0]:.2f} s after it started; attacker {closed_event(attacker_events)}")
     print("normal session:", [(round(t, 2), e["type"], e.get("text", "")[:40], e.get("end")) for t, e in arrivals])
