@@ -382,16 +382,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--manifest", required=True, help='JSON lines of {"id", "audio", "text"} (audio relative to the file)')
     e.add_argument("--limit", type=int, default=0, help="first N utterances only")
     e.add_argument("--systems", default="target,spec,draft,hf,hf-assisted,faster-whisper",
-                   help="comma list of target, spec, spec-fixed (always K drafts), spec-sample, draft, hf, "
-                        "hf-assisted, faster-whisper")
+                   help="comma list of target, spec, spec-fixed (always K drafts), spec-sample, target-sample "
+                        "(sampling without the draft, same seeds), draft, hf, hf-assisted, faster-whisper")
     e.add_argument("--k", default="3", help="comma list of K for spec (one run each)")
     e.add_argument("--encoder-dtype", choices=["float32", "bfloat16"], default="float32",
                    help="encoder precision of our systems (target, spec, draft)")
     e.add_argument("--encoder-window", choices=["full", "audio"], default="full",
                    help="our systems' encoder input: padded 30 s windows (default) or only the audio")
     e.add_argument("--draft-stop", default="0.3", help="comma list of adaptive draft-length thresholds (one run per K and each)")
-    e.add_argument("--temperature", type=float, default=0.5, help="temperature of spec-sample")
-    e.add_argument("--seeds", type=int, default=1, help="spec-sample runs (seeds 0..N-1)")
+    e.add_argument("--temperature", type=float, default=0.5, help="temperature of spec-sample and target-sample")
+    e.add_argument("--seeds", type=int, default=1, help="spec-sample and target-sample runs (seeds 0..N-1)")
     e.add_argument("--repeat", type=int, default=1, help="timing repeats per utterance (medians reported)")
     e.add_argument("--out", default="eval/out", help="directory for results.json, report.md and plots")
     e.add_argument("--model", default="whisper-base")

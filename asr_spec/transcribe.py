@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -13,8 +14,8 @@ import torch
 from .audio import SAMPLE_RATE
 from .decoding.costs import CostModel
 from .decoding.logits import LogitRules
-from .decoding.sampling import sampler_for
-from .decoding.speculative import SAMPLE_LEN, Decoders, RowResult, RowStats, speculative_decode
+from .decoding.sampling import Sampler
+from .decoding.speculative import DecodeOptions, Decoders, Request, RowResult, RowStats, speculative_decode
 from .features import FRAMES_PER_SECOND, N_FRAMES, TOKEN_SECONDS, encoder_frames, log_mel, window
 from .models.loader import Draft, Whisper
 
@@ -112,25 +113,25 @@ class Transcriber:
         codes, ids = list(v.languages), list(v.languages.values())
         return [codes[i] for i in logits[:, ids].argmax(dim=-1).tolist()]
 
-    def prompt(self, previous: list[int], language: str | None, task: str, timestamps: bool) -> tuple[list[int], int]:
+    def prompt(self, previous: list[int], language: str | None, task: str, timestamps: bool) -> Request:
+        """The decode request of a window: Whisper's prompt (previous text after <|startofprev|>, then the
+        start-of-transcript sequence); prefix, hint, length and sampling key are added with ``replace``."""
         v = self.vocab
         head = [v.sot_prev] + previous[-(self.target.decoder.max_positions // 2 - 1):] if previous else []
         tail = v.sot_sequence(language, task) + ([] if timestamps else [v.no_timestamps])
-        return head + tail, len(head)
+        return Request(head + tail, len(head))
 
-    def decode(self, memories: tuple[torch.Tensor, torch.Tensor | None], prompts: list[tuple[list[int], int]],
-               temperature: float, k: int, timestamps: bool, generator: torch.Generator | None,
-               use_draft: bool = True, draft_stop: float = 0.0,
-               prefixes: list[list[int]] | None = None, hints: list[list[int]] | None = None,
-               memory_lengths: list[int] | None = None, sample_len: int | list[int] = SAMPLE_LEN,
-               adaptive_k: bool = True) -> list[RowResult]:
-        """One speculative decode of a batch of windows (``memories`` rows match ``prompts``)."""
+    def decode(self, memories: tuple[torch.Tensor, torch.Tensor | None], requests: list[Request],
+               temperature: float = 0.0, timestamps: bool = True, *, k: int = 3, draft_stop: float = 0.0,
+               seed: int = 0, use_draft: bool = True, adaptive_k: bool = True) -> list[RowResult]:
+        """One speculative decode of a batch of windows (``memories`` rows match ``requests``). Sampling
+        (``temperature`` > 0) draws with noise keyed by ``seed`` and each request's key: the same tokens with
+        and without the draft, at any draft length."""
         draft = self.draft.decoder if (self.draft and use_draft) else None
-        return speculative_decode(
-            Decoders(self.target.decoder, draft, self.costs if adaptive_k else None), memories[0], memories[1], [p for p, _ in prompts],
-            [s for _, s in prompts], LogitRules.whisper(self.vocab, timestamps), sampler_for(temperature),
-            k if draft else 0, self.vocab.eot, self.vocab.no_speech, generator=generator, stop_below=draft_stop, prefixes=prefixes,
-            hints=hints, memory_lengths=memory_lengths, sample_len=sample_len)
+        options = DecodeOptions(LogitRules.whisper(self.vocab, timestamps), self.vocab.eot, self.vocab.no_speech,
+                                Sampler(temperature, seed), k if draft else 0, draft_stop)
+        return speculative_decode(Decoders(self.target.decoder, draft, self.costs if adaptive_k else None),
+                                  memories, requests, options)
 
     def needs_fallback(self, r: RowResult, o: TranscribeOptions) -> bool:
         """Whisper's checks on a decode: repetitive (compression ratio) or unlikely (mean log-probability)
@@ -161,7 +162,6 @@ class Transcriber:
         mel = log_mel(audio, self.target.n_mels)
         content = mel.shape[1] - N_FRAMES
         language = o.language if v.multilingual else None
-        generator = torch.Generator(device=self.target.decoder.device).manual_seed(o.seed)
         segments: list[Segment] = []
         all_tokens: list[int] = []
         prompt_since = 0
@@ -179,15 +179,16 @@ class Transcriber:
             previous = all_tokens[prompt_since:] if o.condition_on_previous_text else []
             prompt = self.prompt(previous, language, o.task, o.timestamps)
             for i, temperature in enumerate(o.temperatures):
-                result = self.decode(memories, [prompt], temperature, o.k, o.timestamps, generator, use_draft,
-                                     o.draft_stop, adaptive_k=o.adaptive_k)[0]
+                request = replace(prompt, key=(seek, i))  # sampling noise keyed by window and attempt
+                decode = partial(self.decode, temperature=temperature, timestamps=o.timestamps, k=o.k,
+                                 draft_stop=o.draft_stop, seed=o.seed, use_draft=use_draft, adaptive_k=o.adaptive_k)
+                result = decode(memories, [request])[0]
                 if frames < N_FRAMES and (self.suspect(result, memories[0].shape[1]) or self.needs_fallback(result, o)):
                     frames = N_FRAMES  # decode this window again the way Whisper does: padded to 30 s
                     memories = self.encode(window(mel, seek, frames)[None])
                     stats.decode.add(result.stats)
                     stats.fallbacks += 1
-                    result = self.decode(memories, [prompt], temperature, o.k, o.timestamps, generator, use_draft,
-                                         o.draft_stop, adaptive_k=o.adaptive_k)[0]
+                    result = decode(memories, [request])[0]
                 stats.decode.add(result.stats)
                 if i + 1 == len(o.temperatures) or not self.needs_fallback(result, o):
                     break

@@ -7,8 +7,7 @@ import torch
 from asr_spec.decoding.costs import FIRST_TRIES, PROBE_EVERY, CostModel
 from asr_spec.decoding.kv_decoder import StaticDecoder
 from asr_spec.decoding.logits import LogitRules
-from asr_spec.decoding.sampling import Greedy
-from asr_spec.decoding.speculative import Decoders, speculative_decode
+from asr_spec.decoding.speculative import DecodeOptions, Decoders, Request, speculative_decode
 from asr_spec.models.loader import load_draft
 
 
@@ -65,13 +64,15 @@ PROMPTS = [[50258, 50259, 50359], [50258, 50259, 50359, 50363], [50361, 100, 200
            [50258, 50259, 50358, 50363]]
 
 
-def _decode(model, draft, prompts, timestamps, k, sample_len=40, stop_below=0.0, prefixes=None, hints=None):
+def _decode(model, draft, prompts, timestamps, k, sample_len=40, stop_below=0.0, prefixes=None, hints=None, costs=None):
     v = model.vocab
     mem = _memory(len(prompts))
-    sot = [p.index(v.sot) for p in prompts]
-    return speculative_decode(Decoders(model.decoder, draft.decoder if draft else None), mem, mem, prompts, sot,
-                              LogitRules.whisper(v, timestamps), Greedy(), k, v.eot, v.no_speech, sample_len,
-                              stop_below=stop_below, prefixes=prefixes, hints=hints)
+    limits = sample_len if isinstance(sample_len, list) else [sample_len] * len(prompts)
+    requests = [Request(p, p.index(v.sot), prefixes[i] if prefixes else [], hints[i] if hints else [], limits[i])
+                for i, p in enumerate(prompts)]
+    options = DecodeOptions(LogitRules.whisper(v, timestamps), v.eot, v.no_speech, k=k, stop_below=stop_below)
+    return speculative_decode(Decoders(model.decoder, draft.decoder if draft else None, costs), (mem, mem), requests,
+                              options)
 
 
 @pytest.mark.parametrize("timestamps", [False, True])
@@ -216,15 +217,11 @@ def test_a_decode_with_the_cost_model_is_exact_and_follows_it(tiny_target, faste
     """Whatever draft length the cost model picks, greedy output is the target's own; a draft length
     measured slow is run only on the probe passes."""
     draft = load_draft("layers:0,1", tiny_target)  # the target itself: every draft is accepted
-    v = tiny_target.vocab
     prompts = PROMPTS[:2]
-    mem = _memory(len(prompts))
     ref = _decode(tiny_target, None, prompts, True, 0, sample_len=60)
     costs = CostModel(tokens={k: 1.0 + k for k in range(4)}, seconds={k: 1.0 if k == fastest else 100.0 for k in range(4)},
                       counts={k: 10**9 for k in range(4)}, rate=0.0)  # as if measured for ever: they stay put
-    out = speculative_decode(Decoders(tiny_target.decoder, draft.decoder, costs), mem, mem, prompts,
-                             [p.index(v.sot) for p in prompts], LogitRules.whisper(v, True), Greedy(), 3, v.eot,
-                             v.no_speech, 60)
+    out = _decode(tiny_target, draft, prompts, True, 3, sample_len=60, costs=costs)
     assert [r.tokens for r in out] == [r.tokens for r in ref]
     passes, drafted = out[0].stats.target_passes, out[0].stats.drafted
     if fastest == 0:

@@ -51,8 +51,8 @@ def test_distill_writes_a_draft_that_decodes_exactly_and_resumes(tmp_path, base_
     mel = window(log_mel(load_audio(DEV / "LJ001-0002.wav")), 0)[None]
     memories = tr.encode(mel)
     prompt = tr.prompt([], "en", "transcribe", True)
-    ref = tr.decode(memories, [prompt], 0.0, 0, True, None, use_draft=False)[0]
-    spec = tr.decode(memories, [prompt], 0.0, 4, True, None)[0]
+    ref = tr.decode(memories, [prompt], k=0, use_draft=False)[0]
+    spec = tr.decode(memories, [prompt], k=4)[0]
     assert spec.tokens == ref.tokens and spec.stats.drafted > 0
 
     r = distill(*common, "--steps", "6")  # same options: the checkpoint is complete, nothing to redo

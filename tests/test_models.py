@@ -20,7 +20,7 @@ def _greedy(target, draft, timestamps=True, k=3):
     tr = Transcriber(target, draft)
     memories = tr.encode(mel)
     prompts = [tr.prompt([], "en", "transcribe", timestamps), tr.prompt([50, 60], "de", "transcribe", timestamps)]
-    return tr.decode(memories, prompts, 0.0, k, timestamps, None)
+    return tr.decode(memories, prompts, 0.0, timestamps, k=k)
 
 
 def test_local_directory_loads_with_its_tokenizer_completed(tiny_target):

@@ -56,11 +56,11 @@ def test_greedy_speculative_equals_target_on_every_dev_utterance(base_model, dev
         mel = torch.stack([window(log_mel(load_audio(DEV / it["audio"])), 0) for it in batch])
         memories = tr.encode(mel)
         o = TranscribeOptions()  # the default K and adaptive draft length
-        spec = tr.decode(memories, [prompt] * len(batch), 0.0, o.k, timestamps, None, draft_stop=o.draft_stop)
+        spec = tr.decode(memories, [prompt] * len(batch), 0.0, timestamps, k=o.k, draft_stop=o.draft_stop)
         for i, it in enumerate(batch):
             mem_i = (memories[0][i:i + 1], memories[1][i:i + 1])
-            ref = tr.decode(mem_i, [prompt], 0.0, 0, timestamps, None, use_draft=False)[0]  # target alone
-            divergences += compare(tr, mem_i[0], prompt[0], ref.tokens, spec[i].tokens, timestamps, it["id"])
+            ref = tr.decode(mem_i, [prompt], 0.0, timestamps, k=0, use_draft=False)[0]  # target alone
+            divergences += compare(tr, mem_i[0], prompt.prompt, ref.tokens, spec[i].tokens, timestamps, it["id"])
             s = spec[i].stats
             drafted, accepted, passes, tokens = drafted + s.drafted, accepted + s.accepted, passes + s.target_passes, tokens + len(spec[i].tokens)
     print(f"{len(items)} utterances, {len(divergences)} near-tie divergences; acceptance {accepted / drafted:.2f}, "

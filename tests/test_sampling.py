@@ -1,5 +1,7 @@
-"""Speculative sampling is distribution-exact: thousands of seeded rows decoded in one batch match the
-target's own distribution (chi-square), and the same test catches deliberately broken acceptance rules."""
+"""Speculative sampling is exact: the same seed gives the same tokens with and without the draft, at any
+draft length; thousands of seeded rows decoded in one batch match the target's own distribution
+(chi-square, outcomes the target cannot produce never seen); and the same checks catch deliberately
+broken rules."""
 from __future__ import annotations
 
 import pytest
@@ -7,16 +9,18 @@ import torch
 from scipy.stats import chisquare
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
+from asr_spec.decoding.costs import CostModel
 from asr_spec.decoding.kv_decoder import StaticDecoder
-from asr_spec.decoding.logits import LogitRules
-from asr_spec.decoding.sampling import Rejection
-from asr_spec.decoding.speculative import Decoders, RowStats, speculative_decode
+from asr_spec.decoding.logits import LogitRules, SuppressAtBegin, SuppressTokens
+from asr_spec.decoding.sampling import Sampler
+from asr_spec.decoding.speculative import DecodeOptions, Decoders, Request, RowStats, speculative_decode
 from asr_spec.models.vocab import WhisperVocab
 
 V = 48
 VOCAB = WhisperVocab(size=V, eot=32, sot=33, sot_prev=34, no_speech=35, transcribe=36, translate=37,
                      no_timestamps=38, suppress=(33, 34, 35, 36, 37), suppress_begin=(32,))
 PROMPT = [VOCAB.sot, VOCAB.no_timestamps]
+TS_PROMPT = [VOCAB.sot]  # timestamps on: tokens 39..47 are <|0.00|> .. <|0.16|>
 N = 20000
 FALSE_ALARM = 1e-3  # per chi-square test
 
@@ -39,104 +43,172 @@ TARGET = _model(1, 0.5)
 DRAFT = _model(2, 0.5)
 MEMORY = torch.randn(1, 4, 16, generator=torch.Generator().manual_seed(3))
 RULES = LogitRules.whisper(VOCAB, timestamps=False)
+TS_RULES = LogitRules.whisper(VOCAB, timestamps=True)
+FEW = [3, 7, 11, 19, 26, VOCAB.eot]  # a rule set allowing only these, so that 4-token outcomes can be counted
+FEW_RULES = LogitRules([SuppressAtBegin([VOCAB.eot]), SuppressTokens([t for t in range(V) if t not in FEW])])
 
 
-def exact_joint(temperature: float) -> torch.Tensor:
-    """P(t1, t2) of sampling the target alone, computed exactly: [V, V]."""
-    first = torch.tensor([PROMPT + [t] for t in range(V)])
-    cache = TARGET.new_cache(MEMORY.expand(V, -1, -1), 8)
-    logits = TARGET(cache, first, torch.arange(3).expand(V, 3)).float()
-    p1 = torch.softmax(RULES(logits[0, 1:2].clone(), [[]]) / temperature, -1)[0]
-    p2 = torch.softmax(RULES(logits[:, 2].clone(), [[t] for t in range(V)]) / temperature, -1)
-    return p1[:, None] * p2
+@torch.inference_mode()
+def exact_joint(temperature: float, rules: LogitRules = RULES, prompt: list[int] = PROMPT,
+                length: int = 2) -> dict[tuple[int, ...], float]:
+    """P(t1 .. t_length) of sampling the target alone, computed exactly by enumerating every possible
+    prefix (end-of-text ends a sequence: what follows it is end-of-text padding). Outcomes missing from
+    the result are impossible."""
+    joint: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(length):
+        ended = {s + (VOCAB.eot,): p for s, p in joint.items() if s and s[-1] == VOCAB.eot}
+        live = [s for s in joint if not s or s[-1] != VOCAB.eot]
+        seqs = torch.tensor([prompt + list(s) for s in live])
+        width = seqs.shape[1]
+        logits = TARGET(TARGET.new_cache(MEMORY.expand(len(live), -1, -1), width), seqs,
+                        torch.arange(width).expand(len(live), width))[:, -1].float()
+        probs = torch.softmax(rules(logits, [list(s) for s in live]) / temperature, -1).tolist()
+        grown = {s + (t,): joint[s] * p for s, row in zip(live, probs) for t, p in enumerate(row) if p > 0}
+        joint = {**ended, **grown}
+    return joint
 
 
-def sampled_pairs(sampler: Rejection, k: int, seed: int, stop_below: float = 0.0, rows: int = N,
-                  stats: list[RowStats] | None = None, draft: StaticDecoder = DRAFT,
-                  hint: list[int] | None = None) -> torch.Tensor:
-    """N samples, decoded in batches of ``rows`` (small batches let adaptive draft length vary per batch)."""
-    generator = torch.Generator().manual_seed(seed)
+def sampled(sampler: Sampler, k: int, stop_below: float = 0.0, rows: int = N, stats: list[RowStats] | None = None,
+            draft: StaticDecoder | None = DRAFT, hint: list[int] | None = None, rules: LogitRules = RULES,
+            prompt: list[int] = PROMPT, length: int = 2, costs: CostModel | None = None) -> list[tuple[int, ...]]:
+    """N sampled continuations of ``length`` tokens (end-of-text padded), row i keyed (i,), decoded in
+    batches of ``rows`` (small batches let the draft length vary from batch to batch)."""
+    options = DecodeOptions(rules, VOCAB.eot, VOCAB.no_speech, sampler, k, stop_below)
     out = []
-    for _ in range(N // rows):
-        out += speculative_decode(Decoders(TARGET, draft), MEMORY.expand(rows, -1, -1), MEMORY.expand(rows, -1, -1),
-                                  [PROMPT] * rows, [0] * rows, RULES, sampler, k, VOCAB.eot, VOCAB.no_speech,
-                                  sample_len=2, generator=generator, stop_below=stop_below,
-                                  hints=[hint] * rows if hint else None)
+    for start in range(0, N, rows):
+        requests = [Request(prompt, 0, hint=hint or [], sample_len=length, key=(start + i,)) for i in range(rows)]
+        out += speculative_decode(Decoders(TARGET, draft, costs), (MEMORY.expand(rows, -1, -1),) * 2, requests, options)
     if stats is not None:
         stats += [r.stats for r in out]
-    return torch.tensor([(r.tokens + [VOCAB.eot])[:2] for r in out])
+    return [tuple((r.tokens + [VOCAB.eot] * length)[:length]) for r in out]
 
 
-def chi_square_pvalue(pairs: torch.Tensor, joint: torch.Tensor) -> float:
-    counts = torch.zeros(V * V)
-    counts.index_add_(0, pairs[:, 0] * V + pairs[:, 1], torch.ones(len(pairs)))
-    joint = joint.double() / joint.double().sum()
-    expected = joint.flatten() * len(pairs)
-    big = expected >= 5  # pool the rare cells into one
-    obs = torch.cat([counts[big], counts[~big].sum()[None]]).double()
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    pvalue = float(chisquare(obs.numpy(), exp.numpy()).pvalue)
-    print(f"chi-square over {len(obs)} cells: p = {pvalue:.3g}")
-    return pvalue
+def check(samples: list[tuple[int, ...]], joint: dict[tuple[int, ...], float]) -> tuple[float, int]:
+    """Chi-square p-value of the samples against the exact joint (rare possible outcomes pooled), and how
+    many samples are outcomes the target cannot produce (never pooled: there must be none)."""
+    counts: dict[tuple[int, ...], int] = {}
+    for s in samples:
+        counts[s] = counts.get(s, 0) + 1
+    impossible = sum(c for s, c in counts.items() if s not in joint)
+    total = sum(joint.values())
+    cells = sorted(joint, key=joint.get)
+    expected = [joint[c] / total * len(samples) for c in cells]
+    observed = [counts.get(c, 0) for c in cells]
+    big = [i for i, e in enumerate(expected) if e >= 5]
+    small = [i for i, e in enumerate(expected) if e < 5]
+    obs = [observed[i] for i in big] + [sum(observed[i] for i in small)]
+    exp = [expected[i] for i in big] + [sum(expected[i] for i in small)]
+    obs[-1] += impossible  # so the totals agree; impossible outcomes are reported on their own
+    pvalue = float(chisquare(obs, exp).pvalue)
+    print(f"chi-square over {len(obs)} cells: p = {pvalue:.3g}; impossible outcomes seen: {impossible}")
+    return pvalue, impossible
 
 
-class AlwaysAccept(Rejection):
+def assert_exact(samples, joint) -> None:
+    pvalue, impossible = check(samples, joint)
+    assert impossible == 0
+    assert pvalue > FALSE_ALARM
+
+
+class AlwaysAccept(Sampler):
     """Broken: takes every draft, so the output follows the draft's distribution."""
 
-    def verify(self, logits, drafts, q, generator):
-        p = self.probs(logits)
-        b, k = drafts.shape
-        return drafts.new_full((b,), k), torch.multinomial(p[:, k], 1, generator=generator)[:, 0]
+    def verify(self, logits, drafts, noise):
+        k = drafts.shape[1]
+        return drafts.new_full((drafts.shape[0],), k), self.choose(logits[:, k], None if noise is None else noise[:, k])
 
 
-class ResampleFromTarget(Rejection):
-    """Broken: after a rejection samples from p instead of the residual max(0, p - q)."""
+class SameNoiseEverywhere(Sampler):
+    """Broken: one noise vector per row for all its positions, so the draws of a row are not independent."""
 
-    def residual(self, p, q):
-        return p
+    def noise(self, keys, positions, size, device):
+        return super().noise(keys, [0] * len(positions), size, device)
+
+
+class IgnoresTemperature(Sampler):
+    """Broken: perturbs the logits without dividing by the temperature (samples at temperature 1)."""
+
+    def choose(self, logits, noise):
+        return logits.argmax(dim=-1) if noise is None else (logits + noise).argmax(dim=-1)
 
 
 def test_the_two_models_really_differ():
-    joint = exact_joint(1.0)
-    q1 = torch.softmax(RULES(DRAFT(DRAFT.new_cache(MEMORY, 8), torch.tensor([PROMPT]), torch.arange(2)[None])[0, 1:2]
-                             .float().clone(), [[]]), -1)[0]
-    tv = 0.5 * (joint.sum(1) - q1).abs().sum()
-    assert tv > 0.3  # otherwise the acceptance rule would hardly be exercised
+    p1 = torch.tensor([sum(p for s, p in exact_joint(1.0).items() if s[0] == t) for t in range(V)])
+    logits = DRAFT(DRAFT.new_cache(MEMORY, 8), torch.tensor([PROMPT]), torch.arange(2)[None])[0, 1:2].float()
+    q1 = torch.softmax(RULES(logits.clone(), [[]]), -1)[0]
+    assert 0.5 * (p1 - q1).abs().sum() > 0.3  # otherwise acceptance would hardly be exercised
+
+
+def test_the_same_seed_gives_the_same_tokens_at_any_draft_length():
+    """Target alone, K = 1 and 3, drafting stopped early, a chosen draft length, a shortlist draft and hints:
+    row for row the same 6 sampled tokens; another seed gives other tokens."""
+    ids = torch.tensor(sorted(set(range(0, V, 3)) | {VOCAB.eot, VOCAB.no_timestamps}))
+    short = StaticDecoder(DRAFT.decoder, DRAFT.head_w[ids], head_ids=ids)
+    memory = (MEMORY.expand(64, -1, -1),) * 2
+
+    def run(draft, k, seed=5, hint=(), stop_below=0.0, costs=None):
+        requests = [Request(TS_PROMPT, 0, hint=list(hint), sample_len=6, key=(i,)) for i in range(64)]
+        o = DecodeOptions(TS_RULES, VOCAB.eot, VOCAB.no_speech, Sampler(0.8, seed), k, stop_below)
+        return [r.tokens for r in speculative_decode(Decoders(TARGET, draft, costs), memory, requests, o)]
+
+    alone = run(None, 0)
+    assert len({tuple(t) for t in alone}) > 20  # the rows really sample
+    costs = CostModel(tokens={0: 1.0, 1: 1.5, 2: 9.0, 3: 1.0}, seconds=dict.fromkeys(range(4), 1.0),
+                      counts=dict.fromkeys(range(4), 10**9), rate=0.0)
+    for out in (run(DRAFT, 1), run(DRAFT, 3), run(DRAFT, 3, stop_below=0.4), run(DRAFT, 3, costs=costs),
+                run(short, 3), run(DRAFT, 3, hint=alone[0][:3] + [7]), run(TARGET, 3)):
+        assert out == alone
+    assert run(DRAFT, 3, seed=6) != alone
 
 
 @pytest.mark.parametrize("k,temperature", [(0, 1.0), (1, 1.0), (3, 1.0), (3, 0.7)])
 def test_speculative_sampling_matches_the_target_distribution(k, temperature):
-    pairs = sampled_pairs(Rejection(temperature), k, seed=10 + k)
-    assert chi_square_pvalue(pairs, exact_joint(temperature)) > FALSE_ALARM
+    assert_exact(sampled(Sampler(temperature, seed=10 + k), k), exact_joint(temperature))
+
+
+def test_the_bonus_token_after_three_accepted_drafts_is_exact():
+    """Four tokens at K = 3: the first pass can accept all three drafts and add the bonus token (the
+    rules allow 5 text tokens and end-of-text, so every 4-token outcome is counted)."""
+    stats: list[RowStats] = []
+    samples = sampled(Sampler(1.0, seed=4), 3, rules=FEW_RULES, length=4, stats=stats, draft=TARGET)
+    assert sum(s.accepted_at.count(3) for s in stats) > N // 2  # the bonus position was really reached
+    assert_exact(samples, exact_joint(1.0, FEW_RULES, length=4))
+
+
+def test_sampling_with_timestamp_rules_is_exact():
+    """Timestamps on: the first token is a timestamp, then text, then text or a later timestamp."""
+    samples = sampled(Sampler(1.0, seed=8), 2, rules=TS_RULES, prompt=TS_PROMPT, length=3)
+    assert {s[0] for s in samples} <= set(range(VOCAB.timestamp_begin, V))
+    assert_exact(samples, exact_joint(1.0, TS_RULES, TS_PROMPT, length=3))
 
 
 def test_adaptive_draft_length_keeps_sampling_exact():
-    """Batches of 8: whether a pass drafts 1, 2 or 3 tokens depends on the draft's own proposals."""
+    """Batches of 25: whether a pass drafts 1, 2 or 3 tokens depends on the draft's own proposals."""
     stats: list[RowStats] = []
-    pairs = sampled_pairs(Rejection(1.0), 3, seed=7, stop_below=0.4, rows=8, stats=stats)
+    samples = sampled(Sampler(1.0, seed=7), 3, stop_below=0.4, rows=25, stats=stats)
     per_pass = sum(s.drafted for s in stats) / sum(s.target_passes for s in stats)
     assert 1.2 < per_pass < 2.8  # drafting really stopped early in some passes and not in others
-    assert chi_square_pvalue(pairs, exact_joint(1.0)) > FALSE_ALARM
+    assert_exact(samples, exact_joint(1.0))
 
 
 def test_a_reduced_vocabulary_draft_keeps_sampling_exact():
     """The draft proposes among 18 of the 48 tokens (its own columns); the target still gets p exactly."""
     ids = torch.tensor(sorted(set(range(0, V, 3)) | {VOCAB.eot, VOCAB.no_timestamps}))
     short = StaticDecoder(DRAFT.decoder, DRAFT.head_w[ids], head_ids=ids)
-    pairs = sampled_pairs(Rejection(1.0), 3, seed=5, draft=short)
-    assert set(pairs[:, 0].tolist()) - set(ids.tolist())  # the target's corrections reach other tokens
-    assert chi_square_pvalue(pairs, exact_joint(1.0)) > FALSE_ALARM
+    samples = sampled(Sampler(1.0, seed=5), 3, draft=short)
+    assert {s[0] for s in samples} - set(ids.tolist())  # the target's corrections reach other tokens
+    assert_exact(samples, exact_joint(1.0))
 
 
 def test_hint_tokens_keep_sampling_exact():
-    """A fixed guess (a streaming hypothesis) is verified first, with one-hot proposal probabilities."""
+    """A fixed guess (a streaming hypothesis) is verified first."""
     joint = exact_joint(1.0)
-    likely = int(joint.sum(1).argmax())
-    pairs = sampled_pairs(Rejection(1.0), 3, seed=3, hint=[likely, int(joint[likely].argmax())])
-    assert chi_square_pvalue(pairs, joint) > FALSE_ALARM
+    likely = max(joint, key=joint.get)
+    assert_exact(sampled(Sampler(1.0, seed=3), 3, hint=list(likely)), joint)
 
 
-@pytest.mark.parametrize("broken", [AlwaysAccept, ResampleFromTarget])
-def test_the_same_check_fails_when_the_acceptance_rule_is_broken(broken):
-    pairs = sampled_pairs(broken(1.0), 3, seed=99)
-    assert chi_square_pvalue(pairs, exact_joint(1.0)) < FALSE_ALARM
+@pytest.mark.parametrize("broken,temperature", [(AlwaysAccept, 1.0), (SameNoiseEverywhere, 1.0),
+                                                (IgnoresTemperature, 0.7)])
+def test_the_same_check_fails_when_a_rule_is_broken(broken, temperature):
+    pvalue, impossible = check(sampled(broken(temperature, seed=99), 3), exact_joint(temperature))
+    assert pvalue < FALSE_ALARM or impossible > 0

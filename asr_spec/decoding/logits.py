@@ -70,7 +70,9 @@ class SuppressAtBegin:
 
 class TimestampRules:
     """Timestamps come in pairs, never decrease, start the text, and win when their total
-    probability beats any single text token."""
+    probability beats any single text token. Per row only a few ints are computed; the masks go on
+    all N rows at once: text prefixes by ``index_fill_`` of the rows sharing a bound, the timestamp
+    columns by one broadcast comparison against per-row ranges and one ``masked_fill_``."""
 
     def __init__(self, vocab: WhisperVocab):
         self.eot = vocab.eot
@@ -79,30 +81,33 @@ class TimestampRules:
         self.max_initial = vocab.max_initial_timestamp_index
 
     def apply(self, logits: torch.Tensor, sampled: Sequence[Sequence[int]], cols: Columns) -> None:
-        begin = self.begin
+        begin, n_cols = self.begin, logits.shape[-1]
         tb, eot = cols.at(begin), cols.at(self.eot)
+        first_end = n_cols if self.max_initial is None else cols.at(begin + self.max_initial + 1)
         if at := cols.of([self.no_timestamps]):
             logits[:, at] = NEG_INF
-        for i, seq in enumerate(sampled):
+        # per row only ints: text columns [text_from, tb) and timestamp columns [ts_from, ts_to) stay allowed
+        text_from, ts_from, ts_to = [], [], []
+        for seq in sampled:
             last_ts = len(seq) >= 1 and seq[-1] >= begin
             penultimate_ts = len(seq) < 2 or seq[-2] >= begin
-            if last_ts:
-                if penultimate_ts:
-                    logits[i, tb:] = NEG_INF  # a pair just closed: text (or eot) must follow
-                else:
-                    logits[i, :eot] = NEG_INF  # an open timestamp: no text next
-            stamps = [t for t in seq if t >= begin]
-            if stamps:
-                last = stamps[-1] if (last_ts and not penultimate_ts) else stamps[-1] + 1
-                logits[i, tb:cols.at(last)] = NEG_INF
-            if len(seq) == 0:
-                logits[i, :tb] = NEG_INF
-                if self.max_initial is not None:
-                    logits[i, cols.at(begin + self.max_initial + 1):] = NEG_INF
+            opened, closed = last_ts and not penultimate_ts, last_ts and penultimate_ts
+            stamp = next((t for t in reversed(seq) if t >= begin), None)
+            # no text after an open timestamp, nor first; a timestamp never before the last one, after text
+            # or a pair never equal to it (nonzero segments); none after a closed pair; first an early one
+            text_from.append(eot if opened else 0 if seq else tb)
+            ts_from.append(tb if stamp is None else cols.at(stamp if opened else stamp + 1))
+            ts_to.append(tb if closed else n_cols if seq else first_end)
+        text, stamps = logits[:, :tb], logits[:, tb:]
+        for bound in set(text_from) - {0}:  # at most two: eot, tb (row prefixes filled in place, no mask)
+            rows = torch.tensor([i for i, b in enumerate(text_from) if b == bound], device=logits.device)
+            text[:, :bound].index_fill_(0, rows, NEG_INF)
+        col = torch.arange(tb, tb + stamps.shape[-1], device=logits.device)
+        lo, hi = torch.tensor([ts_from, ts_to], device=logits.device)[:, :, None]
+        stamps.masked_fill_((col < lo) | (col >= hi), NEG_INF)
         logprobs = torch.log_softmax(logits.float(), dim=-1)
-        ts_mass = logprobs[:, tb:].logsumexp(dim=-1)
-        text_best = logprobs[:, :tb].max(dim=-1).values
-        logits[ts_mass > text_best, :tb] = NEG_INF
+        forced = logprobs[:, tb:].logsumexp(dim=-1) > logprobs[:, :tb].amax(dim=-1)
+        text.index_fill_(0, forced.nonzero()[:, 0], NEG_INF)
 
 
 class LogitRules:

@@ -86,14 +86,14 @@ def label(target: Whisper, batch: list[tuple[str, str, np.ndarray]], top_k: int,
     memory = target.encode(mel)
     languages = tr.detect_language(memory) if v.multilingual else [None] * len(batch)
     prompts = [tr.prompt([], lang, "transcribe", timestamps) for lang in languages]
-    results = tr.decode((memory, None), prompts, 0.0, 0, timestamps, None, use_draft=False)
+    results = tr.decode((memory, None), prompts, 0.0, timestamps, k=0, use_draft=False)
     keep = []
     for i, r in enumerate(results):
         text = target.tokenizer.decode(r.tokens)
         if (len(r.tokens) >= 223 or compression_ratio(text) > 2.4 or not text.strip()
                 or (r.no_speech_prob > 0.6 and r.avg_logprob < -1.0)):
             continue  # loops, hallucinations and silence teach the draft nothing useful
-        keep.append((i, prompts[i][0], r.tokens + [v.eot]))
+        keep.append((i, prompts[i].prompt, r.tokens + [v.eot]))
     if not keep:
         return []
     seqs = [prompt + labels[:-1] for _, prompt, labels in keep]

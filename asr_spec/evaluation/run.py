@@ -104,8 +104,13 @@ def evaluate(o: EvalOptions) -> dict:
             continue
         runs[spec.name] = run
     refs = {it["id"]: it["text"] for it in items}
-    target_texts = {i: r["text"] for i, r in runs["target"]["items"].items()} if "target" in runs else None
-    summaries = {name: summarize(run, refs, target_texts) for name, run in runs.items()}
+    def texts(name: str) -> dict | None:
+        return {i: r["text"] for i, r in runs[name]["items"].items()} if name in runs else None
+
+    # "identical to target": to target-only decoding in the same mode (sampling: same temperature and seed)
+    summaries = {name: summarize(run, refs, texts(name.replace("spec-sample", "target-sample", 1)
+                                                  if name.startswith("spec-sample") else "target"))
+                 for name, run in runs.items()}
     for name, run in runs.items():
         summaries[name]["load_s"] = run["load_s"]
     peers = [n for n, r in runs.items() if r["system"]["kind"] not in OURS]

@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-OURS = ("target", "spec", "spec-fixed", "spec-sample", "draft")
+OURS = ("target", "spec", "spec-fixed", "spec-sample", "target-sample", "draft")
 PEERS = ("hf", "hf-assisted", "faster-whisper")
 
 
@@ -51,8 +51,8 @@ def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
         if s in ("spec", "spec-fixed"):
             out += [SystemSpec(f"{s}-k{k}" + (f"-stop{p:g}" if p else ""), "spec", k=k, draft_stop=p,
                                adaptive_k=s == "spec") for k in ks for p in stops]
-        elif s == "spec-sample":
-            out += [SystemSpec(f"spec-sample-t{temperature}-s{i}", "spec-sample", k=ks[0], draft_stop=stops[0],
+        elif s in ("spec-sample", "target-sample"):  # same seeds: the same text (sampling is keyed, not drawn)
+            out += [SystemSpec(f"{s}-t{temperature}-s{i}", s, k=ks[0], draft_stop=stops[0],
                                temperature=temperature, seed=i) for i in range(seeds)]
         elif s == "faster-whisper":
             out += [SystemSpec(f"faster-whisper-{ct}", s, compute_type=ct) for ct in ("int8", "float32")]
@@ -88,7 +88,7 @@ def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
     from ..transcribe import TranscribeOptions, Transcriber
 
     target = with_encoder_dtype(load_target(setup.model), setup.encoder_dtype)
-    draft = load_draft(setup.draft, target) if spec.kind != "target" else None
+    draft = load_draft(setup.draft, target) if spec.kind not in ("target", "target-sample") else None
     tr = Transcriber(draft.alone(target)) if spec.kind == "draft" else Transcriber(target, draft)
     start = spec.temperature
     temps = tuple(t for t in (start + 0.2 * i for i in range(6)) if t <= 1.0 + 1e-9)

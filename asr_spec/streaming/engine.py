@@ -14,7 +14,8 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 
@@ -171,12 +172,11 @@ class Engine:
         if tr.vocab.multilingual and None in languages:
             detected = tr.detect_language(memories[0], lengths)
             languages = [lang or d for lang, d in zip(languages, detected)]
-        prompts = [tr.prompt(r.context, lang, r.task, timestamps=True) for r, lang in zip(requests, languages)]
-        limits = [min(SAMPLE_LEN, len(r.prefix) + 16 + int(c.tokens_per_s * len(r.audio) / SAMPLE_RATE))
-                  for r in requests]
-        results = tr.decode(memories, prompts, 0.0, c.k, True, None, draft_stop=c.draft_stop,
-                            prefixes=[r.prefix for r in requests], hints=[r.hint for r in requests],
-                            memory_lengths=lengths, sample_len=limits)
+        rows = [replace(tr.prompt(r.context, lang, r.task, timestamps=True), prefix=r.prefix, hint=r.hint,
+                        sample_len=min(SAMPLE_LEN, len(r.prefix) + 16 + int(c.tokens_per_s * len(r.audio) / SAMPLE_RATE)))
+                for r, lang in zip(requests, languages)]
+        decode = partial(tr.decode, k=c.k, draft_stop=c.draft_stop, seed=c.checks.seed)
+        results = decode(memories, [replace(row, memory_length=n) for row, n in zip(rows, lengths)])
         out = []
         for i, (r, result) in enumerate(zip(requests, results)):
             row = (memories[0][i:i + 1, :lengths[i]], memories[1][i:i + 1, :lengths[i]] if memories[1] is not None else None)
@@ -185,15 +185,12 @@ class Engine:
                                                or (r.final and tr.needs_fallback(result, c.checks))):
                 fallbacks += 1  # looped, or failed the checks: decode it again as Whisper would,
                 row = tr.encode(window(log_mel(r.audio, tr.target.n_mels), 0, N_FRAMES)[None].to(device))  # 30 s
-                result = tr.decode(row, [prompts[i]], 0.0, c.k, True, None, draft_stop=c.draft_stop,
-                                   prefixes=[r.prefix], hints=[r.hint], sample_len=limits[i])[0]
+                result = decode(row, [rows[i]])[0]
             reliable = not tr.needs_fallback(result, c.checks)
             if r.final and not reliable:
-                generator = torch.Generator(device=device).manual_seed(c.checks.seed)
-                for temperature in c.checks.temperatures[1:]:
+                for attempt, temperature in enumerate(c.checks.temperatures[1:], 1):
                     fallbacks += 1
-                    result = tr.decode(row, [prompts[i]], temperature, c.k, True, generator, draft_stop=c.draft_stop,
-                                       prefixes=[r.prefix], sample_len=limits[i])[0]
+                    result = decode(row, [replace(rows[i], key=(attempt,))], temperature)[0]
                     if reliable := not tr.needs_fallback(result, c.checks):
                         break
             out.append((result, languages[i], reliable, fallbacks))
