@@ -12,13 +12,6 @@ DEFAULT_DRAFT = "auto"  # the draft shipped for the target (asr_spec/drafts/), e
 SAMPLE = Path(__file__).parent / "samples" / "jfk.flac"
 
 
-def _temperatures(start: float, fallback: bool) -> tuple[float, ...]:
-    if not fallback:
-        return (start,)
-    steps = [round(start + 0.2 * i, 2) for i in range(6)]
-    return tuple(t for t in steps if t <= 1.0 + 1e-9) or (start,)
-
-
 def _writable_dir(path: Path) -> str | None:
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -141,7 +134,11 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
 
 def cmd_mic(args: argparse.Namespace) -> int:
+    import torch
+
     from .audio import AudioError
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from .clients.mic import FileSource, LiveLine, MicError, Microphone, list_devices, run_local, run_remote
 
     try:
@@ -184,7 +181,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from .audio import AudioError, load_audio
-    from .transcribe import TranscribeOptions, Transcriber
+    from .transcribe import TranscribeOptions, Transcriber, temperature_ladder
     from .writers import FORMATS, write_outputs
 
     files = [Path(f) for f in args.files] + ([SAMPLE] if args.sample else [])
@@ -206,7 +203,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     options = TranscribeOptions(language=args.language, task=args.task, timestamps=not args.no_timestamps,
                                 k=TranscribeOptions.k if args.k is None else args.k,
                                 draft_stop=TranscribeOptions.draft_stop if args.draft_stop is None else args.draft_stop,
-                                temperatures=_temperatures(args.temperature, not args.no_fallback),
+                                temperatures=temperature_ladder(args.temperature, not args.no_fallback),
                                 seed=args.seed, encoder_window=args.encoder_window, adaptive_k=not args.fixed_k)
     transcriber = Transcriber(target, draft)
 
@@ -264,7 +261,6 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from .evaluation.run import EvalOptions, evaluate
-    from .models.loader import default_draft
     from .evaluation.report import table
 
     if not Path(args.manifest).is_file():
@@ -276,7 +272,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                        draft_stops=tuple(float(p) for p in args.draft_stop.split(",")), limit=args.limit, repeat=args.repeat,
                        encoder_dtype=args.encoder_dtype, encoder_window=args.encoder_window,
                        temperature=args.temperature, seeds=args.seeds, model=args.model,
-                       draft=(default_draft(args.model) or "layers:0,5") if args.draft == DEFAULT_DRAFT else args.draft,
+                       draft=args.draft,
                        language=args.language or None, threads=args.threads)
     try:
         results = evaluate(opts)

@@ -28,7 +28,7 @@ class TranscribeOptions:
     k: int = 3  # most drafted tokens per target pass
     draft_stop: float = 0.3  # stop drafting when the draft's belief in its proposal falls below this
     adaptive_k: bool = True  # greedy: each pass drafts the 0..k tokens measured to pay most (False: always k)
-    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # fallback ladder
+    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # fallback ladder (temperature_ladder())
     compression_ratio_threshold: float | None = 2.4
     logprob_threshold: float | None = -1.0
     no_speech_threshold: float | None = 0.6
@@ -72,7 +72,7 @@ class Stats:
             "drafted": d.drafted,
             "accepted": d.accepted,
             "rejected": d.rejected,
-            "acceptance": round(d.alpha, 4),
+            "acceptance": round(d.acceptance, 4),
             "tokens_per_pass": round((d.accepted + passes) / passes, 3) if passes else 0.0,
         }
 
@@ -83,6 +83,21 @@ class Transcript:
     segments: list[Segment]
     language: str | None
     stats: Stats
+
+
+def temperature_ladder(start: float = 0.0, fallback: bool = True) -> tuple[float, ...]:
+    """Whisper's temperatures: ``start``, then up by 0.2 to 1.0 when a decode fails its checks."""
+    if not fallback:
+        return (start,)
+    steps = [round(start + 0.2 * i, 2) for i in range(6)]
+    return tuple(t for t in steps if t <= 1.0 + 1e-9) or (start,)
+
+
+def nothing_said(r: RowResult, o: TranscribeOptions = TranscribeOptions()) -> bool:
+    """Whisper's no-speech rule: a window is skipped when its no-speech probability is above the threshold,
+    unless its text is likely (mean log-probability above that threshold)."""
+    return (o.no_speech_threshold is not None and r.no_speech_prob > o.no_speech_threshold
+            and (o.logprob_threshold is None or r.avg_logprob < o.logprob_threshold))
 
 
 def compression_ratio(text: str) -> float:
@@ -134,15 +149,16 @@ class Transcriber:
                                   memories, requests, options)
 
     def needs_fallback(self, r: RowResult, o: TranscribeOptions) -> bool:
-        """Whisper's checks on a decode: repetitive (compression ratio) or unlikely (mean log-probability)
-        text that is not explained by silence is decoded again at the next temperature."""
-        cr = compression_ratio(self.target.tokenizer.decode(r.tokens))
-        if o.compression_ratio_threshold is not None and cr > o.compression_ratio_threshold:
-            return True
-        if o.logprob_threshold is not None and r.avg_logprob < o.logprob_threshold:
-            silent = o.no_speech_threshold is not None and r.no_speech_prob > o.no_speech_threshold
-            return not silent
-        return False
+        """Whisper's checks on a decode (openai/whisper's order): repetitive text (compression ratio) or unlikely
+        text (mean log-probability) is decoded again at the next temperature, unless the window is silent
+        (no-speech probability above its threshold and mean log-probability below its threshold)."""
+        silent = (o.no_speech_threshold is not None and r.no_speech_prob > o.no_speech_threshold
+                  and o.logprob_threshold is not None and r.avg_logprob < o.logprob_threshold)
+        if silent:
+            return False
+        repetitive = (o.compression_ratio_threshold is not None
+                      and compression_ratio(self.target.tokenizer.decode(r.tokens)) > o.compression_ratio_threshold)
+        return repetitive or (o.logprob_threshold is not None and r.avg_logprob < o.logprob_threshold)
 
     def suspect(self, r: RowResult, positions: int) -> bool:
         """Whether a decode of a window encoded at its audio's length (``positions`` encoder positions) looks
@@ -196,9 +212,7 @@ class Transcriber:
             stats.decode_seconds += time.perf_counter() - t0
             stats.windows += 1
 
-            no_speech = (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold
-                         and (o.logprob_threshold is None or result.avg_logprob < o.logprob_threshold))
-            if no_speech:
+            if nothing_said(result, o):
                 seek += size
             else:
                 new, advance = self._segments(result, offset, size, temperature, stats.audio_seconds)

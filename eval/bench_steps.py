@@ -1,6 +1,6 @@
 """Per-step costs of the decoders: a target step (1 new token), a verify pass (K+1 tokens) and a draft step,
 with the caches of one 30 s window at a realistic length. The numbers behind the speed-up formula
-S = E / (K c + v) of DESIGN.md section 5.
+S = E / (K c + v + o) (E tokens per pass, c a draft step, v a verify pass, o per-pass overhead).
 
     python eval/bench_steps.py [--draft DIR] [--threads 2] [--batch 1]
 """

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from asr_spec.decoding.costs import FIRST_TRIES, PROBE_EVERY, CostModel
-from asr_spec.decoding.kv_decoder import StaticDecoder
+from asr_spec.models.kv_decoder import StaticDecoder
 from asr_spec.decoding.logits import LogitRules
 from asr_spec.decoding.speculative import DecodeOptions, Decoders, Request, speculative_decode
 from asr_spec.models.loader import load_draft

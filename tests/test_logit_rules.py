@@ -9,7 +9,8 @@ from typing import Sequence
 import pytest
 import torch
 
-from asr_spec.decoding.logits import FULL, NEG_INF, Columns, TimestampRules
+from asr_spec.decoding.logits import FULL, NEG_INF, TimestampRules
+from asr_spec.models.kv_decoder import Columns
 from asr_spec.models.vocab import WhisperVocab
 
 V = 100

@@ -111,15 +111,23 @@ def test_a_bfloat16_encoder_is_a_close_float32_producing_copy(tiny_target):
         with_encoder_dtype(tiny_target, "int4")
 
 
-def test_auto_encoder_dtype_follows_the_cpu():
-    from pathlib import Path
-
+def test_auto_encoder_dtype_follows_the_cpu(tmp_path):
+    """auto picks bfloat16 only on a CPU whose flags say it computes it natively (fake /proc/cpuinfo files)."""
     from asr_spec.models.loader import resolve_encoder_dtype
 
-    flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "").split()
-    native = "avx512_bf16" in flags or "amx_bf16" in flags
-    assert resolve_encoder_dtype("auto", "cpu") == ("bfloat16" if native else "float32")
-    assert resolve_encoder_dtype("float32", "cpu") == "float32" and resolve_encoder_dtype("bfloat16") == "bfloat16"
+    def cpu(flags: str) -> str:
+        f = tmp_path / f"cpuinfo-{len(list(tmp_path.iterdir()))}"
+        f.write_text(f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu sse2 avx2 {flags}\n\n"
+                     f"processor\t: 1\nflags\t\t: fpu sse2 avx2 {flags}\n")
+        return str(f)
+
+    assert resolve_encoder_dtype("auto", "cpu", cpu("avx512f avx512_bf16")) == "bfloat16"
+    assert resolve_encoder_dtype("auto", "cpu", cpu("amx_bf16 amx_tile")) == "bfloat16"
+    assert resolve_encoder_dtype("auto", "cpu", cpu("avx512f avx512bw")) == "float32"  # AVX-512 without BF16
+    assert resolve_encoder_dtype("auto", "cpu", cpu("")) == "float32"
+    assert resolve_encoder_dtype("auto", "cpu", str(tmp_path / "missing")) == "float32"
+    assert resolve_encoder_dtype("float32", "cpu", cpu("avx512_bf16")) == "float32"
+    assert resolve_encoder_dtype("bfloat16", "cpu", cpu("")) == "bfloat16"
 
 
 def test_any_length_encoder_equals_transformers_on_full_windows_and_takes_short_ones(tiny_target):

@@ -21,7 +21,7 @@ import torch
 from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput
 
-from asr_spec.decoding.kv_decoder import StaticDecoder
+from asr_spec.models.kv_decoder import StaticDecoder
 from asr_spec.decoding.logits import LogitRules
 from asr_spec.decoding.speculative import DecodeOptions, Decoders, Request, RowResult, speculative_decode
 

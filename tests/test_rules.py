@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from asr_spec.decoding.logits import FULL, Columns, LogitRules, TimestampRules
+from asr_spec.decoding.logits import FULL, LogitRules, TimestampRules
+from asr_spec.models.kv_decoder import Columns
 from asr_spec.models.vocab import WhisperVocab
 
 V = 60

@@ -10,7 +10,7 @@ from scipy.stats import chisquare
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
 from asr_spec.decoding.costs import CostModel
-from asr_spec.decoding.kv_decoder import StaticDecoder
+from asr_spec.models.kv_decoder import StaticDecoder
 from asr_spec.decoding.logits import LogitRules, SuppressAtBegin, SuppressTokens
 from asr_spec.decoding.sampling import Sampler
 from asr_spec.decoding.speculative import DecodeOptions, Decoders, Request, RowStats, speculative_decode

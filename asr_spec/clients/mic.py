@@ -12,7 +12,9 @@ import time
 
 import numpy as np
 
-RATE, BLOCK = 16000, 1600  # 100 ms blocks
+from ..audio import SAMPLE_RATE as RATE
+
+BLOCK = RATE // 10  # 100 ms blocks
 DIM, RESET, CLEAR = "\033[2m", "\033[0m", "\r\033[K"
 
 

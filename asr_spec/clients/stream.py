@@ -9,6 +9,8 @@ import time
 
 import numpy as np
 
+from ..audio import SAMPLE_RATE
+
 FRAME_S = 0.1
 SEND_BUFFER_BYTES = 64 * 1024  # about 2 s of 16 kHz 16-bit audio queued in the kernel at most
 
@@ -46,14 +48,14 @@ def stream_file(url: str, audio: np.ndarray, speed: float | None, on_event=lambd
             ended.append(e)
 
     with connect_session(url, api_key) as ws:
-        ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "pcm_s16le", "channels": 1,
+        ws.send(json.dumps({"type": "start", "sample_rate": SAMPLE_RATE, "encoding": "pcm_s16le", "channels": 1,
                             "language": language}))
         reader = threading.Thread(target=receive, args=(ws,), daemon=True)
         reader.start()
-        frame = int(FRAME_S * 16000)
+        frame = int(FRAME_S * SAMPLE_RATE)
         t0 = time.monotonic()
         for i in range(0, len(audio), frame):
-            if speed and (wait := t0 + i / 16000 / speed - time.monotonic()) > 0:
+            if speed and (wait := t0 + i / SAMPLE_RATE / speed - time.monotonic()) > 0:
                 time.sleep(wait)
             ws.send((np.clip(audio[i:i + frame], -1, 1) * 32767).astype("<i2").tobytes())
         ws.send(json.dumps({"type": "close"}))

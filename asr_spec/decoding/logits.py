@@ -8,38 +8,14 @@ ids to columns, so the draft never expands its logits to the full vocabulary.
 """
 from __future__ import annotations
 
-from bisect import bisect_left
 from typing import Protocol, Sequence
 
 import torch
 
+from ..models.kv_decoder import Columns
 from ..models.vocab import WhisperVocab
 
 NEG_INF = float("-inf")
-
-
-class Columns:
-    """The token ids of the logit columns: the full vocabulary (``ids`` None) or a sorted shortlist."""
-
-    def __init__(self, ids: torch.Tensor | None = None):
-        self.ids = ids
-        self._ids = ids.tolist() if ids is not None else None
-        self._cache: dict[tuple[int, ...], list[int]] = {}
-
-    def at(self, token: int) -> int:
-        """The first column whose token id is >= ``token`` (a range boundary)."""
-        return token if self._ids is None else bisect_left(self._ids, token)
-
-    def of(self, tokens: Sequence[int]) -> list[int]:
-        """The columns of those ``tokens`` that have one."""
-        if self._ids is None:
-            return list(tokens)
-        key = tuple(tokens)
-        if key not in self._cache:
-            self._cache[key] = [c for c in map(self.at, key) if c < len(self._ids) and self._ids[c] in key]
-        return self._cache[key]
-
-
 FULL = Columns()
 
 
@@ -105,8 +81,9 @@ class TimestampRules:
         col = torch.arange(tb, tb + stamps.shape[-1], device=logits.device)
         lo, hi = torch.tensor([ts_from, ts_to], device=logits.device)[:, :, None]
         stamps.masked_fill_((col < lo) | (col >= hi), NEG_INF)
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        forced = logprobs[:, tb:].logsumexp(dim=-1) > logprobs[:, :tb].amax(dim=-1)
+        # timestamps win when their total probability beats the best text token's: compared on the logits
+        # (log_softmax would subtract the same log-normaliser from both sides)
+        forced = stamps.float().logsumexp(dim=-1) > text.float().amax(dim=-1)
         text.index_fill_(0, forced.nonzero()[:, 0], NEG_INF)
 
 

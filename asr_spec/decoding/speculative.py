@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .costs import CostModel, wall_clock
-from .kv_decoder import StaticDecoder
+from ..models.kv_decoder import StaticDecoder
 from .logits import LogitRules
 from .sampling import GREEDY, Sampler
 
@@ -45,6 +45,11 @@ class Request:
     key: tuple[int, ...] = ()  # sampling: the row's noise key (the same key and seed give the same draws)
 
 
+def acceptance(accepted: int, rejected: int) -> float | None:
+    """α: the share of judged drafts the target accepted (drafts after a rejection are not judged)."""
+    return accepted / (accepted + rejected) if accepted + rejected else None
+
+
 @dataclass
 class RowStats:
     target_passes: int = 0
@@ -61,9 +66,8 @@ class RowStats:
         self.accepted_at.extend(other.accepted_at)
 
     @property
-    def alpha(self) -> float:
-        judged = self.accepted + self.rejected
-        return self.accepted / judged if judged else 0.0
+    def acceptance(self) -> float:
+        return acceptance(self.accepted, self.rejected) or 0.0
 
 
 @dataclass

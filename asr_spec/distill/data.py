@@ -14,10 +14,12 @@ import torch
 from ..audio import SAMPLE_RATE, AudioError, load_audio
 from ..features import N_SAMPLES, log_mel, window
 from ..models.loader import Whisper
-from ..transcribe import Transcriber, compression_ratio
+from ..decoding.speculative import SAMPLE_LEN
+from ..transcribe import TranscribeOptions, Transcriber, compression_ratio, nothing_said
 from .tts import passages, random_voice, speak
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".mp3"}
+CHECKS = TranscribeOptions()  # Whisper's thresholds: labels that fail them teach the draft nothing
 
 
 @dataclass
@@ -90,8 +92,8 @@ def label(target: Whisper, batch: list[tuple[str, str, np.ndarray]], top_k: int,
     keep = []
     for i, r in enumerate(results):
         text = target.tokenizer.decode(r.tokens)
-        if (len(r.tokens) >= 223 or compression_ratio(text) > 2.4 or not text.strip()
-                or (r.no_speech_prob > 0.6 and r.avg_logprob < -1.0)):
+        if (len(r.tokens) >= SAMPLE_LEN - 1 or compression_ratio(text) > CHECKS.compression_ratio_threshold
+                or not text.strip() or nothing_said(r)):
             continue  # loops, hallucinations and silence teach the draft nothing useful
         keep.append((i, prompts[i].prompt, r.tokens + [v.eot]))
     if not keep:

@@ -54,7 +54,9 @@ Manifest `{results['manifest']}`: {results['utterances']} utterances, {results['
 on the same audio in this run, one after another, each in its own process (peak RSS is that process's).
 Timings are medians over {results['options']['repeat']} repeat(s), summed over utterances. WER: jiwer after
 Whisper's English normaliser. α = accepted / (accepted + rejected) drafts; tokens/pass counts every token a
-target pass emits. Peers report wall time only.
+target pass emits. Peers report wall time only. Decoding mode: every system decodes with timestamps (ours as
+`transcribe` does, transformers with `return_timestamps=True`, faster-whisper by default), so "identical to target"
+compares like with like; `spec-sample` is compared with `target-sample` (the same seeds, no draft).
 
 {table(results)}
 

@@ -22,8 +22,8 @@ class EvalOptions:
     manifest: Path
     out: Path
     systems: tuple[str, ...] = ("target", "spec", "draft", "hf", "hf-assisted", "faster-whisper")
-    ks: tuple[int, ...] = (4,)
-    draft_stops: tuple[float, ...] = (0.0,)
+    ks: tuple[int, ...] = (3,)
+    draft_stops: tuple[float, ...] = (0.3,)
     encoder_dtype: str = "float32"
     encoder_window: str = "full"
     limit: int = 0
@@ -31,7 +31,7 @@ class EvalOptions:
     temperature: float = 0.5
     seeds: int = 1
     model: str = "whisper-base"
-    draft: str = "layers:0,5"
+    draft: str = "auto"  # auto: the draft shipped for the model, else an untrained layers:0,5
     language: str | None = "en"
     threads: int = 0
 
@@ -87,9 +87,12 @@ def run_system(spec: SystemSpec, setup: Setup, items: list[dict], repeat: int) -
 def evaluate(o: EvalOptions) -> dict:
     import torch
 
+    from ..models.loader import default_draft
+
     threads = o.threads or torch.get_num_threads()
     items = read_manifest(o.manifest, o.limit)
-    setup = Setup(o.model, o.draft, o.language, threads, o.encoder_dtype, o.encoder_window)
+    draft = (default_draft(o.model) or "layers:0,5") if o.draft == "auto" else o.draft
+    setup = Setup(o.model, draft, o.language, threads, o.encoder_dtype, o.encoder_window)
     specs = expand(list(o.systems), list(o.ks), o.temperature, o.seeds, list(o.draft_stops))
     runs, skipped = {}, {}
     for spec in specs:

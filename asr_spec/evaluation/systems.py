@@ -9,6 +9,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..audio import SAMPLE_RATE
+
 OURS = ("target", "spec", "spec-fixed", "spec-sample", "target-sample", "draft")
 PEERS = ("hf", "hf-assisted", "faster-whisper")
 
@@ -85,15 +87,13 @@ def build(spec: SystemSpec, setup: Setup) -> Transcribe:
 
 def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
     from ..models.loader import load_draft, load_target, with_encoder_dtype
-    from ..transcribe import TranscribeOptions, Transcriber
+    from ..transcribe import TranscribeOptions, Transcriber, temperature_ladder
 
     target = with_encoder_dtype(load_target(setup.model), setup.encoder_dtype)
     draft = load_draft(setup.draft, target) if spec.kind not in ("target", "target-sample") else None
     tr = Transcriber(draft.alone(target)) if spec.kind == "draft" else Transcriber(target, draft)
-    start = spec.temperature
-    temps = tuple(t for t in (start + 0.2 * i for i in range(6)) if t <= 1.0 + 1e-9)
-    if spec.kind == "draft":  # one greedy attempt: a failing draft would otherwise retry at every temperature
-        temps = (0.0,)
+    # the draft alone: one greedy attempt (a failing draft would otherwise retry at every temperature)
+    temps = (0.0,) if spec.kind == "draft" else temperature_ladder(spec.temperature)
     opts = TranscribeOptions(language=setup.language, k=spec.k, draft_stop=spec.draft_stop, temperatures=temps,
                              seed=spec.seed, encoder_window=setup.encoder_window, adaptive_k=spec.adaptive_k)
 
@@ -121,14 +121,14 @@ def _hf(spec: SystemSpec, setup: Setup) -> Transcribe:
     def run(audio: np.ndarray) -> Output:
         t0 = time.perf_counter()
         long = len(audio) > fe.n_samples
-        feats = fe(audio, sampling_rate=16000, return_tensors="pt", return_attention_mask=True,
+        feats = fe(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt", return_attention_mask=True,
                    **({"truncation": False, "padding": "longest"} if long else {}))
         kwargs = {"attention_mask": feats.attention_mask} if long else {}
         if assistant is not None:
             kwargs["assistant_model"] = assistant
         with torch.inference_mode():
             ids = target.hf.generate(feats.input_features, language=setup.language, task="transcribe",
-                                     return_timestamps=long, **kwargs)
+                                     return_timestamps=True, **kwargs)  # timestamp mode, as ours decodes
         text = target.tokenizer.decode(ids[0].tolist()).strip()
         return Output(text, time.perf_counter() - t0)
 
@@ -138,9 +138,9 @@ def _hf(spec: SystemSpec, setup: Setup) -> Transcribe:
 def _faster_whisper(spec: SystemSpec, setup: Setup) -> Transcribe:
     from faster_whisper import WhisperModel
 
-    from ..models.loader import EMBEDDED, embedded_ct2_dir
+    from ..models.loader import embedded_ct2_dir, is_embedded
 
-    if setup.model not in (EMBEDDED, "embedded", "base"):
+    if not is_embedded(setup.model):
         raise ValueError("faster-whisper runs only on the embedded model's CTranslate2 weights here")
     model = WhisperModel(str(embedded_ct2_dir()), device="cpu", compute_type=spec.compute_type,
                          cpu_threads=setup.threads)

@@ -13,7 +13,7 @@ from dataclasses import asdict
 import torch
 from tqdm import tqdm
 
-from ..audio import load_audio
+from ..audio import SAMPLE_RATE, load_audio
 from ..models.loader import load_tokenizer
 from .systems import Setup, SystemSpec, build
 
@@ -31,7 +31,7 @@ def main(job_path: str, out_path: str) -> None:
     bar = tqdm(total=len(job["items"]) * job["repeat"], desc=spec.name, unit="utt", file=sys.stderr)
     for it in job["items"]:
         audio = load_audio(it["path"])
-        rec: dict = {"audio_seconds": len(audio) / 16000, "wall_s": [], "encoder_s": [], "decode_s": []}
+        rec: dict = {"audio_seconds": len(audio) / SAMPLE_RATE, "wall_s": [], "encoder_s": [], "decode_s": []}
         for _ in range(job["repeat"]):
             out = transcribe(audio)
             rec["wall_s"].append(out.wall_s)

@@ -1,5 +1,5 @@
 """Read CTranslate2 Whisper checkpoints (``model.bin``, binary version 6) and convert them to a
-Hugging Face ``transformers`` directory. Format notes: DESIGN.md section 4."""
+Hugging Face ``transformers`` directory."""
 from __future__ import annotations
 
 import io

@@ -16,7 +16,7 @@ from torch import nn
 from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditionalGeneration
 from transformers.utils import logging as hf_logging
 
-from ..decoding.kv_decoder import StaticDecoder
+from .kv_decoder import StaticDecoder
 from .ct2 import ct2_state_dict, load_ct2_config, read_model_bin
 from .vocab import WhisperTokenizer, generation_config_for, vocab_from
 
@@ -104,9 +104,14 @@ def embedded_ct2_dir() -> Path:
     return out
 
 
+def is_embedded(spec: str) -> bool:
+    """Whether a model spec names the embedded whisper-base (its aliases: "embedded", "base")."""
+    return spec in (EMBEDDED, "embedded", "base")
+
+
 def resolve(spec: str) -> Path:
     """A local directory, the embedded default, or a Hugging Face id (downloaded when online)."""
-    if spec in (EMBEDDED, "embedded", "base"):
+    if is_embedded(spec):
         return embedded_dir()
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -182,21 +187,26 @@ class AnyLengthEncoder(nn.Module):
 ENCODER_DTYPES = ("float32", "bfloat16")
 
 
-def fast_bfloat16(device: str | torch.device = "cpu") -> bool:
-    """Whether ``device`` computes bfloat16 natively (CUDA with bf16, or a CPU with AVX512-BF16 or AMX)."""
+CPUINFO = "/proc/cpuinfo"
+
+
+def fast_bfloat16(device: str | torch.device = "cpu", cpuinfo: str = CPUINFO) -> bool:
+    """Whether ``device`` computes bfloat16 natively (CUDA with bf16, or a CPU whose ``cpuinfo`` flags include
+    AVX512-BF16 or AMX-BF16)."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    if device.type != "cpu" or not os.path.exists("/proc/cpuinfo"):
+    if device.type != "cpu" or not os.path.exists(cpuinfo):
         return False
-    flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
+    with open(cpuinfo) as f:
+        flags = next((line for line in f if line.startswith("flags")), "").split()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_encoder_dtype(choice: str, device: str | torch.device = "cpu") -> str:
+def resolve_encoder_dtype(choice: str, device: str | torch.device = "cpu", cpuinfo: str = CPUINFO) -> str:
     """``auto``: bfloat16 where the device computes it natively, else float32; other choices as given."""
     if choice == "auto":
-        return "bfloat16" if fast_bfloat16(device) else "float32"
+        return "bfloat16" if fast_bfloat16(device, cpuinfo) else "float32"
     return choice
 
 
@@ -285,7 +295,7 @@ SHIPPED_DRAFTS = Path(__file__).resolve().parents[1] / "drafts"
 
 def default_draft(target_spec: str) -> str | None:
     """The draft shipped for a target (the embedded whisper-base has one), or None."""
-    if target_spec in (EMBEDDED, "embedded", "base") and (SHIPPED_DRAFTS / EMBEDDED / DRAFT_META).exists():
+    if is_embedded(target_spec) and (SHIPPED_DRAFTS / EMBEDDED / DRAFT_META).exists():
         return str(SHIPPED_DRAFTS / EMBEDDED)
     return None
 

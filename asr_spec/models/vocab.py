@@ -28,7 +28,6 @@ class WhisperVocab:
     suppress: tuple[int, ...] = ()
     suppress_begin: tuple[int, ...] = ()
     max_initial_timestamp_index: int | None = 50
-    blank: int | None = None  # " " suppressed at the first sampled position
 
     @property
     def timestamp_begin(self) -> int:
@@ -49,13 +48,10 @@ class WhisperVocab:
             seq.append(self.translate if task == "translate" else self.transcribe)
         return seq
 
-    def fingerprint(self) -> tuple:
-        return (self.size, self.sot, self.eot, self.no_timestamps, tuple(sorted(self.languages.items())))
-
 
 def add_timestamp_tokens(tokenizer_json: dict) -> dict:
     """Whisper tokenizers shipped without the 1501 timestamp tokens get them right after
-    <|notimestamps|>, so the tokenizer size equals the model's vocabulary (DESIGN.md section 4)."""
+    <|notimestamps|>, so the tokenizer size equals the model's vocabulary."""
     added = tokenizer_json["added_tokens"]
     contents = {t["content"]: t["id"] for t in added}
     if "<|0.00|>" in contents:
@@ -90,8 +86,6 @@ class WhisperTokenizer:
     def id_to_token(self, i: int) -> str | None:
         return self.tokenizer.id_to_token(i)
 
-    def language_code(self, token_id: int) -> str:
-        return {v: k for k, v in self.vocab.languages.items()}[token_id]
 
 
 def vocab_from(tokenizer: Tokenizer, generation_config: dict, vocab_size: int) -> WhisperVocab:
@@ -106,7 +100,6 @@ def vocab_from(tokenizer: Tokenizer, generation_config: dict, vocab_size: int) -
     sot = need("<|startoftranscript|>")
     translate = need("<|translate|>")
     languages = {m.group(1): i for t, i in ids.items() if (m := _LANGUAGE.match(t)) and sot < i < translate}
-    blank = tokenizer.encode(" ", add_special_tokens=False).ids
     return WhisperVocab(
         size=vocab_size,
         sot=sot,
@@ -120,7 +113,6 @@ def vocab_from(tokenizer: Tokenizer, generation_config: dict, vocab_size: int) -
         suppress=tuple(generation_config.get("suppress_tokens") or ()),
         suppress_begin=tuple(generation_config.get("begin_suppress_tokens") or ()),
         max_initial_timestamp_index=generation_config.get("max_initial_timestamp_index", 50),
-        blank=blank[0] if len(blank) == 1 else None,
     )
 
 

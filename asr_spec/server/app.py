@@ -25,6 +25,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 from websockets.http11 import Request, Response
 
+from ..audio import SAMPLE_RATE
+from ..decoding.speculative import acceptance
 from ..streaming.engine import Engine
 from ..streaming.stream import StreamConfig
 from .protocol import AudioDecoder, ProtocolError, parse_message, parse_start
@@ -117,7 +119,7 @@ class Metrics:
         return {"sessions": sessions, "sessions_total": self.sessions_total, "refused": self.refused,
                 "audio_seconds": round(audio, 3), "busy_seconds": round(engine.busy_s, 3),
                 "rtf": round(engine.busy_s / audio, 4) if audio else None,
-                "acceptance": round(acc / (acc + rej), 4) if acc + rej else None,
+                "acceptance": round(a, 4) if (a := acceptance(acc, rej)) is not None else None,
                 "decodes": engine.decodes,
                 "queue_wait_seconds": {"median": pct(0.5), "p90": pct(0.9), "max": waits[-1] if waits else None},
                 "streams": [{"backlog_seconds": s["backlog_seconds"], "waiting_seconds": s["waiting_seconds"],
@@ -388,7 +390,7 @@ class Session:
             raise ProtocolError("frame_too_large", f"audio frames are limited to {self.server.config.max_frame_bytes} "
                                 f"bytes; this one has {len(data)} (dropped)")
         audio = self.decoder(data)
-        self.rate_window = (self.rate_window[0], self.rate_window[1] + len(audio) / 16000)
+        self.rate_window = (self.rate_window[0], self.rate_window[1] + len(audio) / SAMPLE_RATE)
         self.server.engine.feed(self.sid, audio)
         self.server.wake()
 

@@ -210,7 +210,7 @@ def stream_audio(engine: Engine, audio, config: StreamConfig = StreamConfig(), c
     would get. The stream's statistics are appended to ``stats``."""
     sid = engine.open(config)
     events: list[Event] = []
-    step = int(chunk_s * 16000)
+    step = int(chunk_s * SAMPLE_RATE)
     try:
         for start in range(0, len(audio), step):
             engine.feed(sid, audio[start:start + step])

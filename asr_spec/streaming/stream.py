@@ -22,6 +22,7 @@ import numpy as np
 
 from ..audio import SAMPLE_RATE
 from ..decoding.speculative import RowResult, RowStats
+from ..transcribe import nothing_said
 from ..features import N_SAMPLES, TOKEN_SECONDS
 from .vad import VoiceActivity
 
@@ -105,7 +106,7 @@ class StreamStats:
                 "silence_skipped_seconds": round(self.skipped_s, 3), "decodes": self.decodes,
                 "fallbacks": self.fallbacks, "utterances": self.utterances,
                 "tokens": d.tokens, "target_passes": d.target_passes, "drafted": d.drafted, "accepted": d.accepted,
-                "acceptance": round(d.alpha, 4), "final_latency_median_s": pct(0.5), "final_latency_p90_s": pct(0.9)}
+                "acceptance": round(d.acceptance, 4), "final_latency_median_s": pct(0.5), "final_latency_p90_s": pct(0.9)}
 
 
 class Stream:
@@ -247,8 +248,8 @@ class Stream:
         self.stats.decode.add(result.stats)
         self.language = language or self.language
         cont = result.tokens[len(request.prefix):]
-        if result.no_speech_prob > 0.6 and result.avg_logprob < -1.0:
-            cont = []  # Whisper's no-speech rule: nothing was said
+        if nothing_said(result):
+            cont = []  # Whisper's no-speech rule
         if fallbacks and not reliable:
             self.context = []  # as Whisper does after a failed window: do not prompt with text that loops
         if request.kind == "final":

@@ -6,13 +6,35 @@ rolling a row back is just feeding from an earlier position next time (gpt-fast 
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .logits import Columns
+
+class Columns:
+    """The token ids of the logit columns: the full vocabulary (``ids`` None) or a sorted shortlist."""
+
+    def __init__(self, ids: torch.Tensor | None = None):
+        self.ids = ids
+        self._ids = ids.tolist() if ids is not None else None
+        self._cache: dict[tuple[int, ...], list[int]] = {}
+
+    def at(self, token: int) -> int:
+        """The first column whose token id is >= ``token`` (a range boundary)."""
+        return token if self._ids is None else bisect_left(self._ids, token)
+
+    def of(self, tokens: Sequence[int]) -> list[int]:
+        """The columns of those ``tokens`` that have one."""
+        if self._ids is None:
+            return list(tokens)
+        key = tuple(tokens)
+        if key not in self._cache:
+            self._cache[key] = [c for c in map(self.at, key) if c < len(self._ids) and self._ids[c] in key]
+        return self._cache[key]
 
 
 @dataclass
@@ -28,10 +50,6 @@ class KVCache:
         pick = lambda ts: [t.index_select(0, rows) for t in ts]  # noqa: E731
         mask = self.cross_mask.index_select(0, rows) if self.cross_mask is not None else None
         return KVCache(pick(self.self_k), pick(self.self_v), pick(self.cross_k), pick(self.cross_v), mask)
-
-    @property
-    def capacity(self) -> int:
-        return self.self_k[0].shape[2]
 
 
 class _Layer:
