@@ -89,14 +89,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .server.app import Server, ServerConfig
     from .streaming.engine import Engine, EngineConfig
-    from .transcribe import Transcriber
+    from .recognizer import Recognizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
     if (models := _load_models(args)) is None:
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    engine = Engine(Transcriber(*models), EngineConfig(max_batch=args.max_batch))
+    engine = Engine(Recognizer(*models), EngineConfig(max_batch=args.max_batch))
     max_sessions = args.max_sessions or _real_time_sessions(args.torch_device)
     config = ServerConfig(host=args.host, port=args.port, max_sessions=max_sessions,
                           api_key=args.api_key or os.environ.get("ASR_SPEC_API_KEY") or None,
@@ -164,13 +164,13 @@ def cmd_mic(args: argparse.Namespace) -> int:
             return 1
     else:
         from .streaming.engine import Engine
-        from .transcribe import Transcriber
+        from .recognizer import Recognizer
 
         if (models := _load_models(args)) is None:
             return 1
         print("listening (in-process engine); Ctrl-C to stop", file=sys.stderr)
         with source:
-            run_local(Engine(Transcriber(*models)), source, display, language)
+            run_local(Engine(Recognizer(*models)), source, display, language)
     print("\n\ntranscript:\n" + display.transcript)
     return 0
 
@@ -181,7 +181,8 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from .audio import AudioError, load_audio
-    from .transcribe import TranscribeOptions, Transcriber, temperature_ladder
+    from .recognizer import Checks, temperature_ladder
+    from .transcribe import TranscribeOptions, Transcriber
     from .writers import FORMATS, write_outputs
 
     files = [Path(f) for f in args.files] + ([SAMPLE] if args.sample else [])
@@ -203,8 +204,8 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     options = TranscribeOptions(language=args.language, task=args.task, timestamps=not args.no_timestamps,
                                 k=TranscribeOptions.k if args.k is None else args.k,
                                 draft_stop=TranscribeOptions.draft_stop if args.draft_stop is None else args.draft_stop,
-                                temperatures=temperature_ladder(args.temperature, not args.no_fallback),
-                                seed=args.seed, encoder_window=args.encoder_window, adaptive_k=not args.fixed_k)
+                                checks=Checks(temperature_ladder(args.temperature, not args.no_fallback), seed=args.seed),
+                                encoder_window=args.encoder_window, adaptive_k=not args.fixed_k)
     transcriber = Transcriber(target, draft)
 
     def seconds(f: Path) -> float:

@@ -8,7 +8,7 @@ import json, sys, time, torch
 from pathlib import Path
 import asr_spec.features as F
 from asr_spec.audio import load_audio
-from asr_spec.models.loader import load_target, load_draft, default_draft, with_encoder_dtype
+from asr_spec.models.loader import load_target, with_encoder_dtype
 from asr_spec.transcribe import Transcriber, TranscribeOptions
 import jiwer
 from whisper_normalizer.english import EnglishTextNormalizer

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from asr_spec.decoding.speculative import RowResult, RowStats
-from asr_spec.transcribe import TranscribeOptions, Transcriber
+from asr_spec.recognizer import Checks, Recognizer
 
 LOOP = [100, 200, 300] * 30  # compression ratio far above 2.4
 PLAIN = [100, 200, 300, 400, 500]
@@ -23,12 +23,12 @@ def _row(tokens: list[int], avg_logprob: float, no_speech_prob: float) -> RowRes
     (LOOP, -0.2, 0.9, True),  # repetitive, no-speech high but likely text: not silent
 ])
 def test_fallback_follows_whisper_and_silence_wins(tiny_target, tokens, logprob, no_speech, expected):
-    tr = Transcriber(tiny_target)
-    assert tr.needs_fallback(_row(tokens, logprob, no_speech), TranscribeOptions()) is expected
+    tr = Recognizer(tiny_target)
+    assert tr.needs_fallback(_row(tokens, logprob, no_speech), Checks()) is expected
 
 
 def test_fallback_thresholds_can_be_switched_off(tiny_target):
-    tr = Transcriber(tiny_target)
-    assert not tr.needs_fallback(_row(LOOP, -0.2, 0.1), TranscribeOptions(compression_ratio_threshold=None))
-    assert tr.needs_fallback(_row(LOOP, -1.5, 0.9), TranscribeOptions(no_speech_threshold=None))
-    assert not tr.needs_fallback(_row(PLAIN, -1.5, 0.1), TranscribeOptions(logprob_threshold=None))
+    tr = Recognizer(tiny_target)
+    assert not tr.needs_fallback(_row(LOOP, -0.2, 0.1), Checks(compression_ratio_threshold=None))
+    assert tr.needs_fallback(_row(LOOP, -1.5, 0.9), Checks(no_speech_threshold=None))
+    assert not tr.needs_fallback(_row(PLAIN, -1.5, 0.1), Checks(logprob_threshold=None))

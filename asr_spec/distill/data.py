@@ -15,11 +15,11 @@ from ..audio import SAMPLE_RATE, AudioError, load_audio
 from ..features import N_SAMPLES, log_mel, window
 from ..models.loader import Whisper
 from ..decoding.speculative import SAMPLE_LEN
-from ..transcribe import TranscribeOptions, Transcriber, compression_ratio, nothing_said
+from ..recognizer import Checks, Recognizer, compression_ratio, nothing_said
 from .tts import passages, random_voice, speak
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".mp3"}
-CHECKS = TranscribeOptions()  # Whisper's thresholds: labels that fail them teach the draft nothing
+CHECKS = Checks()  # Whisper's thresholds: labels that fail them teach the draft nothing
 
 
 @dataclass
@@ -82,7 +82,7 @@ def clips(files: list[Path], source: str) -> Iterator[tuple[str, str, np.ndarray
 @torch.inference_mode()
 def label(target: Whisper, batch: list[tuple[str, str, np.ndarray]], top_k: int, timestamps: bool) -> list[Example]:
     """Run the target over a batch of clips: encoder, language, greedy decode (batched), then top-k log-probs."""
-    tr = Transcriber(target)
+    tr = Recognizer(target)
     v, dec = target.vocab, target.decoder
     mel = torch.stack([window(log_mel(a, target.n_mels), 0) for _, _, a in batch])
     memory = target.encode(mel)

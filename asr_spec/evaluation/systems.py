@@ -87,15 +87,16 @@ def build(spec: SystemSpec, setup: Setup) -> Transcribe:
 
 def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
     from ..models.loader import load_draft, load_target, with_encoder_dtype
-    from ..transcribe import TranscribeOptions, Transcriber, temperature_ladder
+    from ..recognizer import Checks, temperature_ladder
+    from ..transcribe import TranscribeOptions, Transcriber
 
     target = with_encoder_dtype(load_target(setup.model), setup.encoder_dtype)
     draft = load_draft(setup.draft, target) if spec.kind not in ("target", "target-sample") else None
     tr = Transcriber(draft.alone(target)) if spec.kind == "draft" else Transcriber(target, draft)
     # the draft alone: one greedy attempt (a failing draft would otherwise retry at every temperature)
     temps = (0.0,) if spec.kind == "draft" else temperature_ladder(spec.temperature)
-    opts = TranscribeOptions(language=setup.language, k=spec.k, draft_stop=spec.draft_stop, temperatures=temps,
-                             seed=spec.seed, encoder_window=setup.encoder_window, adaptive_k=spec.adaptive_k)
+    opts = TranscribeOptions(language=setup.language, k=spec.k, draft_stop=spec.draft_stop, checks=Checks(temps, seed=spec.seed),
+                             encoder_window=setup.encoder_window, adaptive_k=spec.adaptive_k)
 
     def run(audio: np.ndarray) -> Output:
         t0 = time.perf_counter()

@@ -21,7 +21,7 @@ import torch
 
 from ..decoding.speculative import SAMPLE_LEN
 from ..features import HOP, N_FRAMES, SAMPLE_RATE, encoder_frames, log_mel, window
-from ..transcribe import TranscribeOptions, Transcriber
+from ..recognizer import DRAFT_STOP, K, Checks, Recognizer
 from .stream import Event, Request, Stream, StreamConfig
 
 log = logging.getLogger(__name__)
@@ -30,11 +30,11 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class EngineConfig:
     max_batch: int = 8
-    k: int = TranscribeOptions.k
-    draft_stop: float = TranscribeOptions.draft_stop
+    k: int = K
+    draft_stop: float = DRAFT_STOP
     encoder_window: str = "audio"  # "audio": encode only the buffer (plus 2 s); "full": padded 30 s windows
     # Whisper's hallucination thresholds; a shorter fallback ladder than offline (each step is a full decode)
-    checks: TranscribeOptions = TranscribeOptions(temperatures=(0.0, 0.4, 0.8))
+    checks: Checks = Checks(temperatures=(0.0, 0.4, 0.8))
     # a row holds at most its prefix + 16 + this many tokens per second of its audio (capped at Whisper's 224):
     # speech is 3-7 tokens/s with timestamps, so only a loop reaches it, and a loop on a short piece costs
     # what the piece is worth instead of 224 tokens at every temperature
@@ -42,7 +42,7 @@ class EngineConfig:
 
 
 class Engine:
-    def __init__(self, transcriber: Transcriber, config: EngineConfig = EngineConfig()):
+    def __init__(self, transcriber: Recognizer, config: EngineConfig = EngineConfig()):
         self.transcriber = transcriber
         self.config = config
         self._streams: dict[int, Stream] = {}
@@ -159,7 +159,7 @@ class Engine:
     def _decode(self, requests: list[Request]) -> list[tuple]:
         """Encode each request at its own length, decode all rows together, and decode again at higher
         temperatures the committing rows that fail Whisper's hallucination checks (as ``transcribe`` does). A row
-        encoded at its audio's length that looks looped (``Transcriber.suspect``) or fails the checks is first
+        encoded at its audio's length that looks looped (``Recognizer.suspect``) or fails the checks is first
         decoded again on a padded 30 s window (Whisper's own input), and its temperature ladder runs there."""
         tr, c = self.transcriber, self.config
         device = tr.target.decoder.device

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..audio import SAMPLE_RATE
 from ..decoding.speculative import RowResult, RowStats
-from ..transcribe import nothing_said
+from ..recognizer import nothing_said
 from ..features import N_SAMPLES, TOKEN_SECONDS
 from .vad import VoiceActivity
 

@@ -1,0 +1,116 @@
+"""The model side of Whisper decoding, shared by the window loop (``transcribe``), streaming and distillation:
+encode audio windows, detect the language, build a window's prompt, decode a batch of windows speculatively,
+and Whisper's checks on a decoded window (one place for its thresholds and temperature ladder)."""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from .decoding.costs import CostModel
+from .decoding.logits import LogitRules
+from .decoding.sampling import Sampler
+from .decoding.speculative import DecodeOptions, Decoders, Request, RowResult, speculative_decode
+from .models.loader import Draft, Whisper
+
+
+K = 3  # most drafted tokens per target pass, by default
+DRAFT_STOP = 0.3  # by default a pass stops drafting when the draft believes its proposal less than this
+
+
+@dataclass(frozen=True)
+class Checks:
+    """Whisper's checks on a decoded window, and the temperatures a failing window is decoded again at."""
+    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # see temperature_ladder()
+    compression_ratio_threshold: float | None = 2.4
+    logprob_threshold: float | None = -1.0
+    no_speech_threshold: float | None = 0.6
+    seed: int = 0  # sampling noise (the same seed gives the same text with and without the draft)
+
+
+def temperature_ladder(start: float = 0.0, fallback: bool = True) -> tuple[float, ...]:
+    """Whisper's temperatures: ``start``, then up by 0.2 to 1.0 when a decode fails its checks."""
+    if not fallback:
+        return (start,)
+    steps = [round(start + 0.2 * i, 2) for i in range(6)]
+    return tuple(t for t in steps if t <= 1.0 + 1e-9) or (start,)
+
+
+def nothing_said(r: RowResult, o: Checks = Checks()) -> bool:
+    """Whisper's no-speech rule: a window is skipped when its no-speech probability is above the threshold,
+    unless its text is likely (mean log-probability above that threshold)."""
+    return (o.no_speech_threshold is not None and r.no_speech_prob > o.no_speech_threshold
+            and (o.logprob_threshold is None or r.avg_logprob < o.logprob_threshold))
+
+
+def compression_ratio(text: str) -> float:
+    raw = text.encode("utf-8")
+    return len(raw) / len(zlib.compress(raw)) if raw else 0.0
+
+
+class Recognizer:
+    """A target model and an optional draft, and what decoding their 30 s windows needs."""
+
+    def __init__(self, target: Whisper, draft: Draft | None = None):
+        self.target, self.draft = target, draft
+        self.vocab = target.vocab
+        self.costs = CostModel()  # what passes cost on this machine, learnt while decoding
+
+    def encode(self, mel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        enc = self.target.encode(mel)
+        return enc, (self.draft.encoder_out(mel, enc) if self.draft else None)
+
+    @torch.inference_mode()
+    def detect_language(self, target_memory: torch.Tensor, lengths: list[int] | None = None) -> list[str]:
+        """The most likely language of each window in the batch (Whisper's detection from <|startoftranscript|>)."""
+        v = self.vocab
+        dec = self.target.decoder
+        cache = dec.new_cache(target_memory, 1, lengths)
+        sot = torch.full((target_memory.shape[0], 1), v.sot, device=dec.device)
+        logits = dec(cache, sot, torch.zeros_like(sot))[:, 0].float()
+        codes, ids = list(v.languages), list(v.languages.values())
+        return [codes[i] for i in logits[:, ids].argmax(dim=-1).tolist()]
+
+    def prompt(self, previous: list[int], language: str | None, task: str, timestamps: bool) -> Request:
+        """The decode request of a window: Whisper's prompt (previous text after <|startofprev|>, then the
+        start-of-transcript sequence); prefix, hint, length and sampling key are added with ``replace``."""
+        v = self.vocab
+        head = [v.sot_prev] + previous[-(self.target.decoder.max_positions // 2 - 1):] if previous else []
+        tail = v.sot_sequence(language, task) + ([] if timestamps else [v.no_timestamps])
+        return Request(head + tail, len(head))
+
+    def decode(self, memories: tuple[torch.Tensor, torch.Tensor | None], requests: list[Request],
+               temperature: float = 0.0, timestamps: bool = True, *, k: int = K, draft_stop: float = DRAFT_STOP,
+               seed: int = 0, use_draft: bool = True, adaptive_k: bool = True) -> list[RowResult]:
+        """One speculative decode of a batch of windows (``memories`` rows match ``requests``). Sampling
+        (``temperature`` > 0) draws with noise keyed by ``seed`` and each request's key: the same tokens with
+        and without the draft, at any draft length."""
+        draft = self.draft.decoder if (self.draft and use_draft) else None
+        options = DecodeOptions(LogitRules.whisper(self.vocab, timestamps), self.vocab.eot, self.vocab.no_speech,
+                                Sampler(temperature, seed), k if draft else 0, draft_stop)
+        return speculative_decode(Decoders(self.target.decoder, draft, self.costs if adaptive_k else None),
+                                  memories, requests, options)
+
+    def needs_fallback(self, r: RowResult, o: Checks) -> bool:
+        """Whisper's checks on a decode (openai/whisper's order): repetitive text (compression ratio) or unlikely
+        text (mean log-probability) is decoded again at the next temperature, unless the window is silent
+        (no-speech probability above its threshold and mean log-probability below its threshold)."""
+        silent = (o.no_speech_threshold is not None and r.no_speech_prob > o.no_speech_threshold
+                  and o.logprob_threshold is not None and r.avg_logprob < o.logprob_threshold)
+        if silent:
+            return False
+        repetitive = (o.compression_ratio_threshold is not None
+                      and compression_ratio(self.target.tokenizer.decode(r.tokens)) > o.compression_ratio_threshold)
+        return repetitive or (o.logprob_threshold is not None and r.avg_logprob < o.logprob_threshold)
+
+    def suspect(self, r: RowResult, positions: int) -> bool:
+        """Whether a decode of a window encoded at its audio's length (``positions`` encoder positions) looks
+        like the decoder ran on without silence to end on: a timestamp past the audio it heard, or a phrase of
+        4 or more tokens repeated at once. Such a window is decoded again on Whisper's padded 30 s window."""
+        tb = self.vocab.timestamp_begin
+        if any(t - tb > positions for t in r.tokens if t >= tb):
+            return True
+        text = [t for t in r.tokens if t < tb]
+        return any(text[i:i + n] == text[i + n:i + 2 * n]
+                   for n in range(4, len(text) // 2 + 1) for i in range(len(text) - 2 * n + 1))
