@@ -76,7 +76,8 @@ class Recognizer:
         """The decode request of a window: Whisper's prompt (previous text after <|startofprev|>, then the
         start-of-transcript sequence); prefix, hint, length and sampling key are added with ``replace``."""
         v = self.vocab
-        head = [v.sot_prev] + previous[-(self.target.decoder.max_positions // 2 - 1):] if previous else []
+        budget = self.target.decoder.max_positions // 2 - 1  # Whisper: half the context less <|startofprev|>
+        head = [v.sot_prev] + previous[-budget:] if previous else []
         tail = v.sot_sequence(language, task) + ([] if timestamps else [v.no_timestamps])
         return Request(head + tail, len(head))
 

@@ -41,6 +41,41 @@ def dev_manifest() -> list[dict]:
     return [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
 
 
+def system_tool(*names: str, install: str) -> str:
+    """The path of the first of ``names`` on PATH. Missing: the test skips with the install command, except
+    under CI (``CI=true``, as ``.ci/run`` runs), where a missing tool fails the test instead of hiding it."""
+    import os
+    import shutil
+
+    for name in names:
+        if path := shutil.which(name):
+            return path
+    message = f"needs {' or '.join(names)}: {install}"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(message + " (required under CI)")
+    pytest.skip(message)
+
+
+def wait_for_line(stream, needle: str, timeout: float) -> list[str]:
+    """Read lines from a child's pipe until one contains ``needle``; fail with what was read if none does
+    within ``timeout`` seconds (or the pipe closes) — never block past the deadline."""
+    import select
+    import time
+
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        if not select.select([stream], [], [], left)[0]:
+            break
+        line = stream.readline()
+        if not line:
+            break
+        seen.append(line)
+        if needle in line:
+            return seen
+    pytest.fail(f"no line with {needle!r} within {timeout:.0f} s; the child wrote: {''.join(seen)[-3000:]!r}")
+
+
 def default_sigint() -> None:
     """``preexec_fn`` for children that must react to Ctrl-C: a shell's background job inherits SIGINT ignored,
     and Python then installs no KeyboardInterrupt handler."""

@@ -2,26 +2,24 @@
 driven by Selenium against a real `asr_spec serve`. The run saves a screenshot of the page."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
-from conftest import DEV
+from conftest import DEV, system_tool
 from server_proc import serve
 
 from asr_spec.audio import load_audio
+
+pytestmark = pytest.mark.slow  # a real server, browser, subprocess or real weights
 
 SCREENSHOT = Path(__file__).parent / "artifacts" / "browser-page.png"
 
 
 def chromium() -> tuple[str, str]:
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    if not (browser and driver):
-        pytest.fail("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver; .ci/run does)")
-    return browser, driver
+    install = "sudo apt-get install chromium chromium-driver (.ci/run installs them)"
+    return system_tool("chromium", "chromium-browser", install=install), system_tool("chromedriver", install=install)
 
 
 def test_the_page_streams_the_microphone_and_shows_the_words(tmp_path):

@@ -18,7 +18,7 @@ import soundfile as sf
 
 from asr_spec.writers import FORMATS, write_atomic
 
-from conftest import DEV, default_sigint
+from conftest import DEV, default_sigint, wait_for_line
 
 pytestmark = pytest.mark.slow
 DRAFT = ["--draft", "layers:0,1,2,3,5"]
@@ -161,9 +161,11 @@ def test_ctrl_c_leaves_no_partial_files(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "asr_spec", "transcribe", str(long), "--output-dir", str(out),
                           "--format", "all", "--no-draft", "--language", "en"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
-    deadline = time.time() + 120
-    while time.time() < deadline and "loaded" not in (p.stderr.readline() or ""):
-        pass
+    try:
+        wait_for_line(p.stderr, "loaded", 120)
+    except BaseException:
+        p.kill()
+        raise
     time.sleep(3)  # inside the first windows
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)

@@ -16,6 +16,8 @@ from conftest import DEV, default_sigint
 from server_proc import serve
 from whisper_normalizer.english import EnglishTextNormalizer
 
+pytestmark = pytest.mark.slow  # a real server, browser, subprocess or real weights
+
 normalize = EnglishTextNormalizer()
 JFK = DEV / "jfk-inaugural-1961-ask-not.wav"
 CLI = [sys.executable, "-m", "asr_spec.cli"]

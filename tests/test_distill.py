@@ -10,12 +10,11 @@ import sys
 import pytest
 
 from asr_spec.audio import load_audio
-from asr_spec.distill.tts import available_engines
 from asr_spec.features import log_mel, window
 from asr_spec.models.loader import load_draft
 from asr_spec.transcribe import Transcriber
 
-from conftest import DEV
+from conftest import DEV, system_tool
 
 pytestmark = pytest.mark.slow
 TRAIN = DEV.parent / "train"
@@ -26,8 +25,8 @@ def distill(*args: str) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
-@pytest.mark.skipif(not available_engines(), reason="needs espeak-ng, flite or festival (installed by .ci/run)")
 def test_distill_writes_a_draft_that_decodes_exactly_and_resumes(tmp_path, base_model):
+    system_tool("espeak-ng", "flite", "text2wave", install="sudo apt-get install espeak-ng (.ci/run installs it)")
     audio = tmp_path / "audio"
     audio.mkdir()
     for f in sorted((TRAIN / "audio" / "en").glob("*.flac"))[:6]:

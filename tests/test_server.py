@@ -24,6 +24,8 @@ from asr_spec.server.app import Server, ServerConfig
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
+pytestmark = pytest.mark.slow  # a real server, browser, subprocess or real weights
+
 normalize = EnglishTextNormalizer()
 JFK = DEV / "jfk-inaugural-1961-ask-not.wav"
 

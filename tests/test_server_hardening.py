@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import default_sigint
 from server_proc import free_port, wait_serving
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
@@ -28,6 +29,8 @@ from websockets.sync.client import connect
 from asr_spec.server.app import Server, ServerConfig, redact
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import Transcriber
+
+pytestmark = pytest.mark.slow  # a real server, browser, subprocess or real weights
 
 KEY = "s3cret-Key_42"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -320,7 +323,7 @@ def test_signal_closes_sessions_with_1001_and_exits_0(tiny_dir, tmp_path, sig):
     with open(err_path, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "asr_spec.cli", "serve", "--port", str(port), "--model",
                                  str(tiny_dir), "--no-draft", "--threads", "1", "--max-sessions", "4", "--api-key", KEY],
-                                stdout=subprocess.DEVNULL, stderr=err)
+                                stdout=subprocess.DEVNULL, stderr=err, preexec_fn=default_sigint)
     stderr = lambda: err_path.read_text(errors="replace")  # noqa: E731
     frozen = None
     try:

@@ -16,6 +16,8 @@ from asr_spec.streaming.engine import Engine, stream_audio
 from asr_spec.streaming.stream import Stream, StreamConfig
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
+pytestmark = pytest.mark.slow  # a real server, browser, subprocess or real weights
+
 normalize = EnglishTextNormalizer()
 
 

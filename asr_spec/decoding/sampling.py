@@ -5,7 +5,9 @@ a draw from ``softmax(logits / T)`` (the Gumbel-max trick). The noise of a posit
 (seed, row key, position) only, never of what was drafted, so the draft proposes with the same noise and
 the target verifies greedily on its own perturbed logits: a speculative decode returns the very tokens
 target-only sampling returns for the same seed and keys, and hence exactly the target's distribution.
-Greedy is the same rule without noise.
+The noise is counter-based (a splitmix64 stream per position, indexed by token id): whole [rows, vocabulary]
+blocks in a few integer tensor operations, the same numbers on every device. Greedy is the same rule
+without noise.
 """
 from __future__ import annotations
 
@@ -14,16 +16,36 @@ from dataclasses import dataclass
 import torch
 
 _MASK = (1 << 64) - 1
+_GOLDEN, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64's constants
 
 
 def _mix(*values: int) -> int:
-    """A 63-bit seed from a few integers (splitmix64 steps): nearby keys give unrelated noise."""
-    h = 0x9E3779B97F4A7C15
+    """A 63-bit stream start from a few integers (splitmix64 steps): nearby keys give unrelated noise."""
+    h = _GOLDEN
     for v in values:
-        h = ((h ^ (v & _MASK)) * 0xBF58476D1CE4E5B9) & _MASK
-        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK
+        h = ((h ^ (v & _MASK)) * _M1) & _MASK
+        h = ((h ^ (h >> 27)) * _M2) & _MASK
         h ^= h >> 31
     return h >> 1
+
+
+def _signed(c: int) -> int:
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 values (torch shifts signed integers arithmetically)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _uniform(starts: torch.Tensor, size: int) -> torch.Tensor:
+    """[rows, size] uniforms in (0, 1): the first ``size`` outputs of the splitmix64 stream at each start
+    (int64 arithmetic wraps around, as the generator needs, on every device)."""
+    x = starts[:, None] + torch.arange(1, size + 1, device=starts.device) * _signed(_GOLDEN)
+    x = (x ^ _shr(x, 30)) * _signed(_M1)
+    x = (x ^ _shr(x, 27)) * _signed(_M2)
+    x = x ^ _shr(x, 31)
+    return (_shr(x, 40).float() + 0.5) * 2.0 ** -24  # the top 24 bits, centred: never 0 or 1
 
 
 @dataclass(frozen=True)
@@ -45,11 +67,8 @@ class Sampler:
         """Gumbel noise [rows, size] for the token at ``positions[i]`` of the row keyed ``keys[i]`` (None: greedy)."""
         if self.greedy:
             return None
-        out = torch.empty(len(keys), size, device=device)
-        generator = torch.Generator(device=device)
-        for i, (key, pos) in enumerate(zip(keys, positions)):
-            out[i].exponential_(generator=generator.manual_seed(_mix(self.seed, *key, pos)))
-        return out.clamp_(min=torch.finfo(out.dtype).tiny).log_().neg_()  # -log Exp(1) is Gumbel(0, 1)
+        starts = torch.tensor([_mix(self.seed, *key, pos) for key, pos in zip(keys, positions)], device=device)
+        return _uniform(starts, size).log_().neg_().log_().neg_()  # -log(-log U) is Gumbel(0, 1)
 
     def choose(self, logits: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
         """The token of every row (and position): the argmax of the logits, perturbed when sampling."""

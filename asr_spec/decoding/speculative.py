@@ -112,12 +112,15 @@ class DecodingTask:
         if any(r.memory_length is not None for r in requests):
             lengths = [memories[0].shape[1] if r.memory_length is None else r.memory_length for r in requests]
         self.t_cache = self.target.new_cache(memories[0], capacity, lengths)
-        self.d_cache = self.draft.new_cache(memories[1], capacity, lengths) if self.draft is not None else None
+        # the draft's cache is built on its first pass: a decode whose passes are all measured to pay best without
+        # the draft (K = 0) costs what target-only decoding does
+        self.d_cache = None
+        self.d_memory = memories[1], lengths, capacity
         self.seq = torch.full((b, capacity), o.eot, dtype=torch.long, device=dev)
         for i, p in enumerate(self.prompts):
             self.seq[i, : len(p)] = torch.tensor(p)
         self.n = torch.tensor([len(p) for p in self.prompts], device=dev)  # tokens in each live row
-        self.dn = self.n - 1  # tokens the draft's cache holds
+        self.dn = torch.zeros_like(self.n)  # tokens the draft's cache holds
         self.live = list(range(b))  # request index of each live row
         self.hints = [r.hint + [o.eot] if r.hint else [] for r in requests]  # a hypothesis ends
         self.sampled = [list(r.prefix) for r in requests]
@@ -158,8 +161,6 @@ class DecodingTask:
         at = torch.tensor([r.sot_index for r in self.requests], device=self.dev).clamp(max=width - 1)[:, None]
         first = self.target(self.t_cache, self.seq[:, :width], pos, at)
         self.no_speech_prob = torch.softmax(first[:, 0].float(), dim=-1)[:, self.o.no_speech].tolist()
-        if self.d_cache is not None:
-            self.draft(self.d_cache, self.seq[:, :width], pos, pos.new_zeros(b, 0))
 
     def noise(self, step: int) -> torch.Tensor | None:
         """The sampler's noise for every live row's token ``step`` places after its current end."""
@@ -186,6 +187,11 @@ class DecodingTask:
         The draft first catches up on the tokens its cache lacks (positions dn..n-1, ragged: rows with a
         shorter gap re-feed cached positions, which is harmless)."""
         draft, n, m = self.draft, self.n, len(self.live)
+        if self.d_cache is None:  # the first draft pass: the draft catches up on every token from position 0
+            memory, lengths, capacity = self.d_memory
+            rows = torch.tensor(self.live, dtype=torch.long, device=memory.device)
+            self.d_cache = draft.new_cache(memory.index_select(0, rows), capacity,
+                                           [lengths[r] for r in self.live] if lengths else None)
         width = int((n - self.dn).max())
         fpos = ((n - width)[:, None] + torch.arange(width, device=self.dev)).clamp(min=0)
         feed = self.seq.gather(1, fpos)

@@ -68,7 +68,7 @@ def summarize(run: dict, refs: dict[str, str], target_texts: dict[str, str] | No
         out.update({
             "decoded_tokens": stat("tokens"), "target_passes": passes, "drafted": drafted, "accepted": accepted,
             "rejected": rejected,
-            "alpha": round(a, 4) if (a := acceptance(accepted, rejected)) is not None else None,
+            "acceptance": round(a, 4) if (a := acceptance(accepted, rejected)) is not None else None,
             "accepted_per_drafted": round(accepted / drafted, 4) if drafted else None,
             "tokens_per_pass": round((accepted + passes) / passes, 3) if passes else None,
             "decode_tokens_per_s": round(stat("tokens") / out["decode_s"], 1) if out["decode_s"] else None,

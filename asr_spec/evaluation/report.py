@@ -24,7 +24,7 @@ def table(results: dict) -> str:
     rows = [head, "|" + "---|" * 14]
     for name, m in s.items():
         rows.append(f"| {name} | {_fmt(m['wer'])} | {_fmt(m['identical_to_target'])}/{m['utterances']} "
-                    f"| {_fmt(m.get('alpha'), True)} | {_fmt(m.get('accepted_per_drafted'), True)} "
+                    f"| {_fmt(m.get('acceptance'), True)} | {_fmt(m.get('accepted_per_drafted'), True)} "
                     f"| {_fmt(m.get('tokens_per_pass'))} | {_fmt(m['encoder_s'])} | {_fmt(m['decode_s'])} "
                     f"| {_fmt(m['wall_s'])} | {_fmt(m['rtf'])} | {_fmt(m['tokens_per_s'])} | {_fmt(m['peak_rss_mb'])} "
                     f"| {_x(vt_wall.get(name))} | {_x(vt_dec.get(name))} |")
