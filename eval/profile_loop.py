@@ -1,0 +1,51 @@
+"""Where a speculative decode's time goes besides the decoder forwards: cProfile over `transcribe` of the first
+N dev-set files with the shipped draft; prints the loop's steps and everything they call directly (cumulative
+seconds; cProfile inflates Python-heavy parts) and the number of target passes, to get the per-pass overhead.
+
+    python eval/profile_loop.py [--files 12] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+from pathlib import Path
+
+import torch
+
+from asr_spec.audio import load_audio
+from asr_spec.models.loader import default_draft, load_draft, load_target
+from asr_spec.transcribe import TranscribeOptions, Transcriber
+
+DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
+STEPS = ("run", "prefill", "propose", "draft_tokens", "verify", "commit", "finish", "noise")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--files", type=int, default=12)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    items = [json.loads(line) for line in (DEV / "manifest.jsonl").read_text().splitlines()][:args.files]
+    target = load_target("whisper-base")
+    tr = Transcriber(target, load_draft(default_draft("whisper-base"), target))
+    audios = [load_audio(DEV / it["audio"]) for it in items]
+    tr.transcribe(audios[0], TranscribeOptions(language="en"))  # warm-up (and the cost model's first tries)
+    profile, passes = cProfile.Profile(), 0
+    profile.enable()
+    for audio in audios:
+        passes += tr.transcribe(audio, TranscribeOptions(language="en")).stats.decode.target_passes
+    profile.disable()
+    stats = pstats.Stats(profile).stats
+    print(f"{passes} target passes")
+    for (path, _, name), (_, _, _, cum, callers) in sorted(stats.items(), key=lambda kv: -kv[1][3]):
+        from_loop = any(c[2] in STEPS and c[0].endswith("speculative.py") for c in callers)
+        forward = name == "decorate_context" or (name == "__call__" and path.endswith("kv_decoder.py"))
+        if from_loop and not forward:  # the decoders' forwards (inference-mode wrapped) are not overhead
+            print(f"{cum:8.3f} s  {cum / passes * 1000:7.2f} ms/pass  {name}  ({Path(path).name})")
+
+
+if __name__ == "__main__":
+    main()
