@@ -223,7 +223,7 @@ class Stream:
         window by window first."""
         if kind == "final" and len(self.audio) > N_SAMPLES:
             kind = "window"
-        audio = self.audio if kind == "partial" else self.audio[:N_SAMPLES]
+        audio = {"partial": self.audio, "window": self.audio[:N_SAMPLES], "final": self.audio[:self._utterance_end()]}[kind]
         hint = self.previous if self.config.use_hint else []
         self.since_decode = 0.0  # audio arriving while this decode runs counts toward the next one
         now = time.monotonic()
@@ -280,7 +280,7 @@ class Stream:
         if cont or self.committed or self.flush_requested:  # every utterance ends with a final
             events.append(self._final(cont, end_of_utterance=ended, decoded=decoded))
         self._add_context(self.committed + cont)
-        self._drop(self._utterance_samples(self.committed + cont, decoded), decoded=bool(self.speech or self.committed))
+        self._drop(decoded, decoded=bool(self.speech or self.committed))
         self.committed, self.previous, self.partial = [], [], ""
         self.speech = not self.config.vad or self.last_voiced > self.start
         if not self.speech:
@@ -294,17 +294,17 @@ class Stream:
         self.stats.utterances += 1 if ended else 0
         return events
 
-    def _utterance_samples(self, tokens: list[int], decoded: int) -> int:
-        """How much of the ``decoded`` audio an end of utterance (trailing silence, no flush) takes from the
-        buffer: up to half the end silence past the last voiced audio (or the text's last timestamp, if
-        later). The rest stays for the next utterance: it may hold the quiet onset of its first word, which
-        voice detection has not flagged yet (dropped, "ask not" came back as "is not")."""
+    def _utterance_end(self) -> int:
+        """Where a final ends in the buffer (samples). An utterance ended by trailing silence (no flush) is
+        decoded and committed only up to half that silence past the last voiced audio: the rest may hold the
+        quiet onset of the next word, which voice detection has not flagged yet. Decoding the audio the final
+        commits and nothing more keeps Whisper from ending its text on such an onset ("ask not" came back
+        as "is not") or from leaving the tail of a transcribed word to be transcribed again ("country.
+        Country.")."""
         if self.vad is None or self.flush_requested or self.last_voiced <= self.start:
-            return decoded
-        stamps = [t for t in tokens if t >= self.vocab.timestamp_begin]
-        text_end = (stamps[-1] - self.vocab.timestamp_begin) * TOKEN_SECONDS if stamps else 0.0
-        end = max(self.last_voiced - self.start + self.config.end_silence_s / 2, text_end)
-        return min(decoded, int(round(end * SAMPLE_RATE)))
+            return len(self.audio)
+        end = self.last_voiced - self.start + self.config.end_silence_s / 2
+        return min(len(self.audio), int(round(end * SAMPLE_RATE)))
 
     def _ended_early(self, cont: list[int], decoded: int) -> bool:
         """Whether a final decode's text stops (at its last timestamp) well before the speech in the audio it
