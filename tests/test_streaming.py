@@ -154,3 +154,28 @@ def test_a_final_whose_text_ends_early_commits_only_what_was_said(transcriber):
     s = closed_stream()  # text to within a second of the end: everything is committed at once
     s.apply(s.request("final"), RowResult([tb] + said + [tb + 975], -1.0, 0.0, RowStats()))
     assert s.buffer_s == 0 and s.flushes == 1
+
+
+def test_an_utterance_ended_by_silence_decodes_only_what_it_commits(transcriber):
+    """The JFK clip's first 3.3 s end in the pause after "Americans" plus the quiet onset of "ask", which voice
+    detection does not flag. The final of that utterance is decoded only up to half the silence past the last
+    voiced audio: decoded to the end of the buffer, Whisper closed its text at 3.0 s, on the onset, and the next
+    utterance came back as "is not" (and a word's tail left behind came back as a second "Country.")."""
+    audio = load_audio(DEV / "jfk-inaugural-1961-ask-not.wav")
+    engine = Engine(transcriber)
+    sid = engine.open(StreamConfig())
+    events = []
+    cuts = [0, int(3.304 * 16000)] + list(range(int(5.104 * 16000), len(audio), 2 * 16000)) + [len(audio)]
+    for a, b in zip(cuts, cuts[1:]):
+        engine.feed(sid, audio[a:b])
+        while engine.pending():
+            events += engine.step().get(sid, [])
+    engine.flush(sid, close=True)
+    while engine.pending():
+        events += engine.step().get(sid, [])
+    engine.close(sid)
+    finals = [e for e in events if e.type == "final" and e.text]
+    print([(e.start, e.end, e.text) for e in finals])
+    assert finals[0].end < 3.0  # the first utterance ends inside the pause
+    offline = transcriber.transcribe(audio, TranscribeOptions(language="en")).text
+    assert normalize(" ".join(e.text for e in finals)) == normalize(offline)

@@ -405,13 +405,13 @@ class Stream:
 
     def _final(self, tokens: list[int], end_of_utterance: bool, decoded: int | None = None) -> Event:
         """A final for newly committed ``tokens``: text, time span and segments (split at timestamps).
-        Without a closing timestamp the span ends where the decoded audio ended (an estimate); finals
-        never overlap."""
+        Without a closing timestamp the span ends where the decoded audio ended (an estimate), and never
+        after it; finals never overlap."""
         tb = self.vocab.timestamp_begin
         begin = max(self._time_of_end(self.committed), self.emitted_end)
         closed = bool(tokens) and tokens[-1] >= tb
-        end = self._abs(tokens[-1]) if closed else self.start + (len(self.audio) if decoded is None else decoded) / SAMPLE_RATE
-        end = max(end, begin)
+        heard = self.start + (len(self.audio) if decoded is None else decoded) / SAMPLE_RATE
+        end = max(min(self._abs(tokens[-1]), heard) if closed else heard, begin)  # never past the audio decoded
         segments, start, part = [], begin, []
         for t in tokens + [None]:
             if t is None or t >= tb:
