@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .decoding.costs import CostModel
+from .decoding.costs import BatchCosts
 from .decoding.logits import LogitRules
 from .decoding.sampling import Sampler
 from .decoding.speculative import DecodeOptions, Decoders, Request, RowResult, speculative_decode
@@ -44,6 +44,13 @@ def nothing_said(r: RowResult, o: Checks = Checks()) -> bool:
             and (o.logprob_threshold is None or r.avg_logprob < o.logprob_threshold))
 
 
+def pad_memories(memories: list[torch.Tensor]) -> torch.Tensor:
+    """[1, S_i, D] encoder outputs -> [B, max S, D]: zeros after each row's length (give each request its
+    ``memory_length`` so cross-attention masks them)."""
+    longest = max(m.shape[1] for m in memories)
+    return torch.cat([torch.nn.functional.pad(m, (0, 0, 0, longest - m.shape[1])) for m in memories])
+
+
 def compression_ratio(text: str) -> float:
     raw = text.encode("utf-8")
     return len(raw) / len(zlib.compress(raw)) if raw else 0.0
@@ -55,7 +62,7 @@ class Recognizer:
     def __init__(self, target: Whisper, draft: Draft | None = None):
         self.target, self.draft = target, draft
         self.vocab = target.vocab
-        self.costs = CostModel()  # what passes cost on this machine, learnt while decoding
+        self.costs = BatchCosts()  # what passes cost on this machine, by batch width, learnt while decoding
 
     def encode(self, mel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         enc = self.target.encode(mel)

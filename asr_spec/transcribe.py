@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from functools import partial
+from typing import Callable, Hashable, Iterable, Iterator
 
 import numpy as np
+import torch
 
-from .audio import SAMPLE_RATE
+from .audio import SAMPLE_RATE, AudioError
 from .decoding.speculative import RowResult, RowStats
 from .features import FRAMES_PER_SECOND, N_FRAMES, TOKEN_SECONDS, encoder_frames, log_mel, window
-from .recognizer import DRAFT_STOP, K, Checks, Recognizer, compression_ratio, nothing_said
+from .recognizer import DRAFT_STOP, K, Checks, Recognizer, compression_ratio, nothing_said, pad_memories
 
 
 @dataclass(frozen=True)
@@ -76,63 +77,151 @@ class Transcript:
     stats: Stats
 
 
+@dataclass
+class _File:
+    """One file's place in Whisper's window loop: where it has seeked to, the current window's encoder output and
+    temperature attempt, and what it has transcribed so far."""
+    key: Hashable
+    mel: torch.Tensor
+    content: int  # mel frames of audio
+    language: str | None
+    stats: Stats
+    seek: int = 0
+    attempt: int = 0  # the current window's place on the temperature ladder
+    frames: int = 0  # encoder frames of the current window (0: not encoded yet)
+    memory: tuple[torch.Tensor, torch.Tensor | None] | None = None  # its encoder outputs [1, S, D]
+    segments: list[Segment] = field(default_factory=list)
+    all_tokens: list[int] = field(default_factory=list)
+    prompt_since: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.seek >= self.content
+
+    @property
+    def size(self) -> int:
+        return min(N_FRAMES, self.content - self.seek)
+
+    def transcript(self) -> Transcript:
+        return Transcript("".join(s.text for s in self.segments).strip(), self.segments, self.language, self.stats)
+
+
 class Transcriber(Recognizer):
-    """Whisper's window loop over a file's audio, on a :class:`Recognizer`."""
+    """Whisper's window loop over files' audio, on a :class:`Recognizer`. Several files can be in flight: their
+    current windows are encoded together and decoded as one ragged batch, while each file keeps its own
+    sequential loop (previous text as prompt, seeking, temperature fallback), so a file's text does not depend on
+    the files beside it (up to the last bits of batched arithmetic)."""
 
     def transcribe(self, audio: np.ndarray, options: TranscribeOptions = TranscribeOptions(),
-                   use_draft: bool = True, progress=None) -> Transcript:
-        o, c, v = options, options.checks, self.vocab
-        stats = Stats(audio_seconds=len(audio) / SAMPLE_RATE)
-        mel = log_mel(audio, self.target.n_mels)
-        content = mel.shape[1] - N_FRAMES
-        language = o.language if v.multilingual else None
-        segments: list[Segment] = []
-        all_tokens: list[int] = []
-        prompt_since = 0
-        seek = 0
-        while seek < content:
-            size = min(N_FRAMES, content - seek)
-            offset = seek / FRAMES_PER_SECOND
-            t0 = time.perf_counter()
-            frames = encoder_frames(size, full=o.encoder_window == "full")
-            memories = self.encode(window(mel, seek, frames)[None])
-            stats.encoder_seconds += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            if v.multilingual and language is None:
-                language = self.detect_language(memories[0])[0]
-            previous = all_tokens[prompt_since:] if o.condition_on_previous_text else []
-            prompt = self.prompt(previous, language, o.task, o.timestamps)
-            for i, temperature in enumerate(c.temperatures):
-                request = replace(prompt, key=(seek, i))  # sampling noise keyed by window and attempt
-                decode = partial(self.decode, temperature=temperature, timestamps=o.timestamps, k=o.k,
-                                 draft_stop=o.draft_stop, seed=c.seed, use_draft=use_draft, adaptive_k=o.adaptive_k)
-                result = decode(memories, [request])[0]
-                if frames < N_FRAMES and (self.suspect(result, memories[0].shape[1]) or self.needs_fallback(result, c)):
-                    frames = N_FRAMES  # decode this window again the way Whisper does: padded to 30 s
-                    memories = self.encode(window(mel, seek, frames)[None])
-                    stats.decode.add(result.stats)
-                    stats.fallbacks += 1
-                    result = decode(memories, [request])[0]
-                stats.decode.add(result.stats)
-                if i + 1 == len(c.temperatures) or not self.needs_fallback(result, c):
-                    break
-                stats.fallbacks += 1
-            stats.decode_seconds += time.perf_counter() - t0
-            stats.windows += 1
+                   use_draft: bool = True, progress: Callable[[float], None] | None = None) -> Transcript:
+        report = None if progress is None else (lambda _key, seconds: progress(seconds))
+        ((_, result),) = self.transcribe_many([(0, lambda: audio)], options, 1, use_draft, report)
+        return result
 
-            if nothing_said(result, c):
-                seek += size
-            else:
-                new, advance = self._segments(result, offset, size, temperature, stats.audio_seconds)
-                segments.extend(new)
-                all_tokens.extend(result.tokens)
-                seek += max(advance, 1)
-                if not o.condition_on_previous_text or temperature > 0.5:
-                    prompt_since = len(all_tokens)
-            if progress is not None:
-                progress(min(seek, content) / FRAMES_PER_SECOND)
-        text = "".join(s.text for s in segments).strip()
-        return Transcript(text, segments, language, stats)
+    def transcribe_many(self, items: Iterable[tuple[Hashable, Callable[[], np.ndarray]]],
+                        options: TranscribeOptions = TranscribeOptions(), batch_size: int = 1,
+                        use_draft: bool = True, progress: Callable[[Hashable, float], None] | None = None
+                        ) -> Iterator[tuple[Hashable, Transcript | AudioError]]:
+        """Transcribe (key, load audio) items with up to ``batch_size`` files in flight, yielding (key,
+        transcript) as each file finishes (not in input order), or (key, error) for audio that cannot be loaded.
+        A finished file's place is taken by the next one at once; audio is loaded only then."""
+        source = iter(items)
+        active: list[_File] = []
+        while True:
+            while len(active) < batch_size and (item := next(source, None)) is not None:
+                key, load = item
+                try:
+                    audio = load()
+                except AudioError as e:
+                    yield key, e
+                    continue
+                mel = log_mel(audio, self.target.n_mels)
+                f = _File(key, mel, mel.shape[1] - N_FRAMES, options.language if self.vocab.multilingual else None,
+                          Stats(audio_seconds=len(audio) / SAMPLE_RATE))
+                if f.done:
+                    yield key, f.transcript()
+                else:
+                    active.append(f)
+            if not active:
+                return
+            self._encode(active, options)
+            self._decode(active, options, use_draft)
+            for f in list(active):
+                if progress is not None:
+                    progress(f.key, min(f.seek, f.content) / FRAMES_PER_SECOND)
+                if f.done:
+                    active.remove(f)
+                    yield f.key, f.transcript()
+
+    def _encode(self, files: list[_File], o: TranscribeOptions) -> None:
+        """Encode the windows that need it, one call per window length; detect languages still unknown."""
+        fresh = [f for f in files if f.memory is None]
+        for f in fresh:
+            f.frames = f.frames or encoder_frames(f.size, full=o.encoder_window == "full")
+        for frames in sorted({f.frames for f in fresh}):
+            group = [f for f in fresh if f.frames == frames]
+            t0 = time.perf_counter()
+            target, draft = self.encode(torch.stack([window(f.mel, f.seek, frames) for f in group]))
+            share = (time.perf_counter() - t0) / len(group)  # a batch's time is shared equally by its files
+            for i, f in enumerate(group):
+                f.memory = (target[i:i + 1], None if draft is None else draft[i:i + 1])
+                f.stats.encoder_seconds += share
+            unknown = [f for f in group if self.vocab.multilingual and f.language is None]
+            if unknown:
+                t0 = time.perf_counter()
+                languages = self.detect_language(torch.cat([f.memory[0] for f in unknown]))
+                share = (time.perf_counter() - t0) / len(unknown)
+                for f, language in zip(unknown, languages):
+                    f.language = language
+                    f.stats.decode_seconds += share
+
+    def _decode(self, files: list[_File], o: TranscribeOptions, use_draft: bool) -> None:
+        """Decode every file's current window, one batch per temperature, and take the results."""
+        c = o.checks
+        for attempt in sorted({f.attempt for f in files}):
+            group = [f for f in files if f.attempt == attempt]
+            t0 = time.perf_counter()
+            lengths = [f.memory[0].shape[1] for f in group]
+            ragged = len(set(lengths)) > 1
+            memories = (pad_memories([f.memory[0] for f in group]),
+                        None if group[0].memory[1] is None else pad_memories([f.memory[1] for f in group]))
+            requests = [replace(self.prompt(f.all_tokens[f.prompt_since:] if o.condition_on_previous_text else [],
+                                            f.language, o.task, o.timestamps),
+                                key=(f.seek, attempt),  # sampling noise keyed by window and attempt
+                                memory_length=n if ragged else None) for f, n in zip(group, lengths)]
+            results = self.decode(memories, requests, c.temperatures[attempt], o.timestamps, k=o.k,
+                                  draft_stop=o.draft_stop, seed=c.seed, use_draft=use_draft, adaptive_k=o.adaptive_k)
+            share = (time.perf_counter() - t0) / len(group)
+            for f, result in zip(group, results):
+                f.stats.decode_seconds += share
+                self._take(f, result, o)
+
+    def _take(self, f: _File, result: RowResult, o: TranscribeOptions) -> None:
+        """Whisper's decision on a decoded window: decode it again (padded to 30 s when it was encoded shorter and
+        looks wrong, else at the next temperature when it fails the checks), or keep it and seek on."""
+        c = o.checks
+        f.stats.decode.add(result.stats)
+        if f.frames < N_FRAMES and (self.suspect(result, f.memory[0].shape[1]) or self.needs_fallback(result, c)):
+            f.stats.fallbacks += 1  # decode this window again the way Whisper does: padded to 30 s
+            f.frames, f.memory = N_FRAMES, None
+            return
+        if f.attempt + 1 < len(c.temperatures) and self.needs_fallback(result, c):
+            f.stats.fallbacks += 1
+            f.attempt += 1
+            return
+        temperature = c.temperatures[f.attempt]
+        f.stats.windows += 1
+        size = f.size
+        if nothing_said(result, c):
+            f.seek += size
+        else:
+            new, advance = self._segments(result, f.seek / FRAMES_PER_SECOND, size, temperature, f.stats.audio_seconds)
+            f.segments.extend(new)
+            f.all_tokens.extend(result.tokens)
+            f.seek += max(advance, 1)
+            if not o.condition_on_previous_text or temperature > 0.5:
+                f.prompt_since = len(f.all_tokens)
+        f.attempt, f.frames, f.memory = 0, 0, None
 
     def _segments(self, r: RowResult, offset: float, size: int, temperature: float,
                   duration_limit: float) -> tuple[list[Segment], int]:

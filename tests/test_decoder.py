@@ -71,7 +71,7 @@ def _decode(model, draft, prompts, timestamps, k, sample_len=40, stop_below=0.0,
     requests = [Request(p, p.index(v.sot), prefixes[i] if prefixes else [], hints[i] if hints else [], limits[i])
                 for i, p in enumerate(prompts)]
     options = DecodeOptions(LogitRules.whisper(v, timestamps), v.eot, v.no_speech, k=k, stop_below=stop_below)
-    return speculative_decode(Decoders(model.decoder, draft.decoder if draft else None, costs), (mem, mem), requests,
+    return speculative_decode(Decoders(model.decoder, draft.decoder if draft else None, costs and (lambda _rows: costs)), (mem, mem), requests,
                               options)
 
 

@@ -77,7 +77,7 @@ def sampled(sampler: Sampler, k: int, stop_below: float = 0.0, rows: int = N, st
     out = []
     for start in range(0, N, rows):
         requests = [Request(prompt, 0, hint=hint or [], sample_len=length, key=(start + i,)) for i in range(rows)]
-        out += speculative_decode(Decoders(TARGET, draft, costs), (MEMORY.expand(rows, -1, -1),) * 2, requests, options)
+        out += speculative_decode(Decoders(TARGET, draft, costs and (lambda _rows: costs)), (MEMORY.expand(rows, -1, -1),) * 2, requests, options)
     if stats is not None:
         stats += [r.stats for r in out]
     return [tuple((r.tokens + [VOCAB.eot] * length)[:length]) for r in out]
@@ -149,7 +149,7 @@ def test_the_same_seed_gives_the_same_tokens_at_any_draft_length():
     def run(draft, k, seed=5, hint=(), stop_below=0.0, costs=None):
         requests = [Request(TS_PROMPT, 0, hint=list(hint), sample_len=6, key=(i,)) for i in range(64)]
         o = DecodeOptions(TS_RULES, VOCAB.eot, VOCAB.no_speech, Sampler(0.8, seed), k, stop_below)
-        return [r.tokens for r in speculative_decode(Decoders(TARGET, draft, costs), memory, requests, o)]
+        return [r.tokens for r in speculative_decode(Decoders(TARGET, draft, costs and (lambda _rows: costs)), memory, requests, o)]
 
     alone = run(None, 0)
     assert len({tuple(t) for t in alone}) > 20  # the rows really sample

@@ -53,6 +53,17 @@ class CostModel:
         return best
 
 
+@dataclass
+class BatchCosts:
+    """A :class:`CostModel` per batch width: a pass over 8 rows costs and yields differently from a pass over one
+    (on a CPU a wider verify pass costs more, and the chance that every row accepts falls), so the draft length
+    is chosen for the live rows' count, rounded down to a power of two."""
+    models: dict[int, CostModel] = field(default_factory=dict)
+
+    def __call__(self, rows: int) -> CostModel:
+        return self.models.setdefault(1 << (max(rows, 1).bit_length() - 1), CostModel())
+
+
 def wall_clock(device: torch.device) -> Callable[[], float]:
     """``time.perf_counter`` once ``device``'s queued work is done (accelerators run asynchronously)."""
     def now() -> float:

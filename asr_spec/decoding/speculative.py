@@ -10,6 +10,7 @@ is plain target decoding. :class:`DecodingTask` owns one decode: ``prefill``, th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -86,7 +87,7 @@ class RowResult:
 class Decoders:
     target: StaticDecoder
     draft: StaticDecoder | None = None
-    costs: CostModel | None = None  # pick each pass's draft length by measured cost; None: always k
+    costs: Callable[[int], CostModel] | None = None  # the measured costs of a pass over n rows (None: always k)
 
 
 class DecodingTask:
@@ -143,11 +144,12 @@ class DecodingTask:
         now = wall_clock(self.dev)
         while self.live:
             started = now() if self.costs is not None else 0.0
-            drafts, noise, chosen = self.propose()
+            costs = self.costs(len(self.live)) if self.costs is not None else None
+            drafts, noise, chosen = self.propose(costs)
             accepted, emitted, token_lp = self.verify(drafts, noise)
             tokens = self.commit(drafts, accepted, emitted, token_lp, hinted=chosen is None)
-            if self.costs is not None and chosen is not None:
-                self.costs.record(chosen, tokens, now() - started)
+            if costs is not None and chosen is not None:
+                costs.record(chosen, tokens, now() - started)
         return [r for r in self.results if r is not None]
 
     def prefill(self) -> None:
@@ -167,17 +169,17 @@ class DecodingTask:
         keys = [self.requests[r].key for r in self.live]
         return self.o.sampler.noise(keys, (self.n + step).tolist(), self.target.vocab_size, self.dev)
 
-    def propose(self) -> tuple[torch.Tensor, list[torch.Tensor | None], int | None]:
+    def propose(self, costs: CostModel | None) -> tuple[torch.Tensor, list[torch.Tensor | None], int | None]:
         """The pass's proposals [m, kk]: the rows' hints while every live row still follows its own, else up to
-        K draft tokens; the sampler's noise at each of the kk + 1 positions the target will choose; the draft
-        length chosen (None: hints)."""
+        K draft tokens (as many as ``costs`` measures to pay most); the sampler's noise at each of the kk + 1
+        positions the target will choose; the draft length chosen (None: hints)."""
         rows = self.live
         if all(self.following[r] and len(self.hints[r]) > self.generated[r] for r in rows):
             width = min(HINT_K, max(len(self.hints[r]) - self.generated[r] for r in rows))
             drafts = torch.tensor([(self.hints[r][self.generated[r]:self.generated[r] + width] + [self.o.eot] * width)
                                    [:width] for r in rows], dtype=torch.long, device=self.dev)
             return drafts, [self.noise(j) for j in range(width + 1)], None
-        want = self.k if self.costs is None else self.costs.choose(self.k)  # the draft length measured to pay most
+        want = self.k if costs is None else costs.choose(self.k)  # the draft length measured to pay most
         drafts, noise = self.draft_tokens(want) if want else (torch.empty(len(rows), 0, dtype=torch.long,
                                                                           device=self.dev), [])
         return drafts, noise + [self.noise(drafts.shape[1])], want

@@ -21,7 +21,7 @@ import torch
 
 from ..decoding.speculative import SAMPLE_LEN
 from ..features import HOP, N_FRAMES, SAMPLE_RATE, encoder_frames, log_mel, window
-from ..recognizer import DRAFT_STOP, K, Checks, Recognizer
+from ..recognizer import DRAFT_STOP, K, Checks, Recognizer, pad_memories
 from .stream import Event, Request, Stream, StreamConfig
 
 log = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ class Engine:
                                     encoder_frames(len(r.audio) // HOP, full=c.encoder_window == "full"))[None].to(device))
                    for r in requests]
         lengths = [e[0].shape[1] for e in encoded]
-        memories = (_pad([e[0] for e in encoded]), _pad([e[1] for e in encoded]) if encoded[0][1] is not None else None)
+        memories = (pad_memories([e[0] for e in encoded]), pad_memories([e[1] for e in encoded]) if encoded[0][1] is not None else None)
         languages = [r.language for r in requests]
         if tr.vocab.multilingual and None in languages:
             detected = tr.detect_language(memories[0], lengths)
@@ -195,12 +195,6 @@ class Engine:
                         break
             out.append((result, languages[i], reliable, fallbacks))
         return out
-
-
-def _pad(memories: list[torch.Tensor]) -> torch.Tensor:
-    """[1, S_i, D] memories -> [B, max S, D] (zeros after each row's length; masked in cross-attention)."""
-    longest = max(m.shape[1] for m in memories)
-    return torch.cat([torch.nn.functional.pad(m, (0, 0, 0, longest - m.shape[1])) for m in memories])
 
 
 def stream_audio(engine: Engine, audio, config: StreamConfig = StreamConfig(), chunk_s: float = 0.5,
