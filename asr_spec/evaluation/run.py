@@ -34,6 +34,7 @@ class EvalOptions:
     draft: str = "auto"  # auto: the draft shipped for the model, else an untrained layers:0,5
     language: str | None = "en"
     threads: int = 0
+    batch_size: int = 1  # files in flight together (our systems), chunks per batch (faster-whisper-batched)
 
 
 def read_manifest(path: Path, limit: int = 0) -> list[dict]:
@@ -92,7 +93,7 @@ def evaluate(o: EvalOptions) -> dict:
     threads = o.threads or torch.get_num_threads()
     items = read_manifest(o.manifest, o.limit)
     draft = (default_draft(o.model) or "layers:0,5") if o.draft == "auto" else o.draft
-    setup = Setup(o.model, draft, o.language, threads, o.encoder_dtype, o.encoder_window)
+    setup = Setup(o.model, draft, o.language, threads, o.encoder_dtype, o.encoder_window, o.batch_size)
     specs = expand(list(o.systems), list(o.ks), o.temperature, o.seeds, list(o.draft_stops))
     runs, skipped = {}, {}
     for spec in specs:
@@ -116,6 +117,7 @@ def evaluate(o: EvalOptions) -> dict:
                  for name, run in runs.items()}
     for name, run in runs.items():
         summaries[name]["load_s"] = run["load_s"]
+        summaries[name]["run_wall_s"] = run["run_wall_s"]  # each repeat's wall time over the whole manifest
     peers = [n for n, r in runs.items() if r["system"]["kind"] not in OURS]
     results = {
         "environment": environment(threads),

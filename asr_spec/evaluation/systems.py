@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -12,7 +13,7 @@ import numpy as np
 from ..audio import SAMPLE_RATE
 
 OURS = ("target", "spec", "spec-fixed", "spec-sample", "target-sample", "draft")
-PEERS = ("hf", "hf-assisted", "faster-whisper")
+PEERS = ("hf", "hf-assisted", "faster-whisper", "faster-whisper-batched")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Setup:
     threads: int
     encoder_dtype: str = "float32"  # our systems' encoder precision
     encoder_window: str = "full"  # our systems' encoder input: padded 30 s windows, or only the audio
+    batch_size: int = 1  # our systems: files in flight; faster-whisper: its batched pipeline (chunks of a file)
 
 
 @dataclass
@@ -56,8 +58,8 @@ def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
         elif s in ("spec-sample", "target-sample"):  # same seeds: the same text (sampling is keyed, not drawn)
             out += [SystemSpec(f"{s}-t{temperature}-s{i}", s, k=ks[0], draft_stop=stops[0],
                                temperature=temperature, seed=i) for i in range(seeds)]
-        elif s == "faster-whisper":
-            out += [SystemSpec(f"faster-whisper-{ct}", s, compute_type=ct) for ct in ("int8", "float32")]
+        elif s in ("faster-whisper", "faster-whisper-batched"):
+            out += [SystemSpec(f"{s}-{ct}", s, compute_type=ct) for ct in ("int8", "float32")]
         elif s in OURS + PEERS:
             out.append(SystemSpec(s, s))
         else:
@@ -67,17 +69,19 @@ def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
 
 def missing(spec: SystemSpec) -> str | None:
     """Why a peer cannot run here (its optional package is absent), or None."""
-    need = {"faster-whisper": "faster_whisper"}.get(spec.kind)
+    need = "faster_whisper" if spec.kind.startswith("faster-whisper") else None
     if need and importlib.util.find_spec(need) is None:
         return f"{need.replace('_', '-')} is not installed (pip install 'asr_spec[peers]')"
     return None
 
 
-Transcribe = Callable[[np.ndarray], Output]
+Transcribe = Callable[[list[np.ndarray]], list[Output]]
 
 
 def build(spec: SystemSpec, setup: Setup) -> Transcribe:
-    """Load the models of one system; return a function that transcribes one utterance."""
+    """Load the models of one system; return a function that transcribes a list of utterances (outputs in
+    their order). With files in flight together, an output's ``wall_s`` is the time since the previous file
+    finished: the sum over a run is its wall time, a single value means little."""
     if spec.kind in OURS:
         return _ours(spec, setup)
     if spec.kind in ("hf", "hf-assisted"):
@@ -98,15 +102,22 @@ def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
     opts = TranscribeOptions(language=setup.language, k=spec.k, draft_stop=spec.draft_stop, checks=Checks(temps, seed=spec.seed),
                              encoder_window=setup.encoder_window, adaptive_k=spec.adaptive_k)
 
-    def run(audio: np.ndarray) -> Output:
-        t0 = time.perf_counter()
-        t = tr.transcribe(audio, opts)
-        wall = time.perf_counter() - t0
-        st = t.stats
-        stats = {**st.as_dict(), "accepted_at": st.decode.accepted_at}
-        return Output(t.text, wall, st.encoder_seconds, st.decode_seconds, stats)
+    def run(audios: list[np.ndarray]) -> list[Output]:
+        outputs: list[Output | None] = [None] * len(audios)
+        last = time.perf_counter()
+        for i, t in tr.transcribe_many([(i, lambda a=a: a) for i, a in enumerate(audios)], opts, setup.batch_size):
+            now = time.perf_counter()
+            st = t.stats
+            outputs[i] = Output(t.text, now - last, st.encoder_seconds, st.decode_seconds,
+                                {**st.as_dict(), "accepted_at": st.decode.accepted_at})
+            last = now
+        return outputs
 
     return run
+
+
+def _each(one: Callable[[np.ndarray], Output]) -> Transcribe:
+    return lambda audios: [one(a) for a in audios]
 
 
 def _hf(spec: SystemSpec, setup: Setup) -> Transcribe:
@@ -133,11 +144,11 @@ def _hf(spec: SystemSpec, setup: Setup) -> Transcribe:
         text = target.tokenizer.decode(ids[0].tolist()).strip()
         return Output(text, time.perf_counter() - t0)
 
-    return run
+    return _each(run)
 
 
 def _faster_whisper(spec: SystemSpec, setup: Setup) -> Transcribe:
-    from faster_whisper import WhisperModel
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
 
     from ..models.loader import embedded_ct2_dir, is_embedded
 
@@ -145,11 +156,16 @@ def _faster_whisper(spec: SystemSpec, setup: Setup) -> Transcribe:
         raise ValueError("faster-whisper runs only on the embedded model's CTranslate2 weights here")
     model = WhisperModel(str(embedded_ct2_dir()), device="cpu", compute_type=spec.compute_type,
                          cpu_threads=setup.threads)
+    if spec.kind == "faster-whisper-batched":  # its batched pipeline: a file's voice-activity chunks, no prompts
+        pipeline = BatchedInferencePipeline(model)
+        transcribe = partial(pipeline.transcribe, batch_size=setup.batch_size)
+    else:  # Whisper's sequential loop
+        transcribe = partial(model.transcribe, vad_filter=False)
 
     def run(audio: np.ndarray) -> Output:
         t0 = time.perf_counter()
-        segments, _ = model.transcribe(audio, beam_size=1, vad_filter=False, language=setup.language)
+        segments, _ = transcribe(audio, beam_size=1, language=setup.language)
         text = "".join(s.text for s in segments).strip()
         return Output(text, time.perf_counter() - t0)
 
-    return run
+    return _each(run)
