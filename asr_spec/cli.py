@@ -212,7 +212,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
                                 k=TranscribeOptions.k if args.k is None else args.k,
                                 draft_stop=TranscribeOptions.draft_stop if args.draft_stop is None else args.draft_stop,
                                 checks=Checks(temperature_ladder(args.temperature, not args.no_fallback), seed=args.seed),
-                                encoder_window=args.encoder_window, adaptive_k=not args.fixed_k)
+                                encoder_window=args.encoder_window, adaptive_k=not args.fixed_k, chunked=args.chunked)
     transcriber = Transcriber(target, draft)
 
     def seconds(f: Path) -> float:
@@ -363,6 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--task", choices=["transcribe", "translate"], default="transcribe")
     t.add_argument("--no-timestamps", action="store_true", help="decode without timestamps (one segment per window)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--chunked", action="store_true",
+                   help="split each file at voice-activity pauses into <= 30 s pieces and decode them side by side "
+                   "without previous-text prompts (faster on long files; different text from Whisper's loop: README)")
     t.add_argument("--batch-size", type=int, default=0,
                    help="files decoded together, each in Whisper's own window loop (default: 8 on a CPU, 16 on CUDA; "
                    "1 = one file at a time); the text is the same")
@@ -407,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--manifest", required=True, help='JSON lines of {"id", "audio", "text"} (audio relative to the file)')
     e.add_argument("--limit", type=int, default=0, help="first N utterances only")
     e.add_argument("--systems", default="target,spec,draft,hf,hf-assisted,faster-whisper",
-                   help="comma list of target, spec, spec-fixed (always K drafts), spec-sample, target-sample "
+                   help="comma list of target, spec, spec-fixed (always K drafts), spec-chunked (--chunked), spec-sample, target-sample "
                         "(sampling without the draft, same seeds), draft, hf, hf-assisted, faster-whisper, "
                         "faster-whisper-batched (its BatchedInferencePipeline)")
     e.add_argument("--k", default="3", help="comma list of K for spec (one run each)")

@@ -4,6 +4,7 @@ decoded by the speculative decoder (or target-only when there is no draft)."""
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Hashable, Iterable, Iterator
 
@@ -14,6 +15,7 @@ from .audio import SAMPLE_RATE, AudioError
 from .decoding.speculative import RowResult, RowStats
 from .features import FRAMES_PER_SECOND, N_FRAMES, TOKEN_SECONDS, encoder_frames, log_mel, window
 from .recognizer import DRAFT_STOP, K, Checks, Recognizer, compression_ratio, nothing_said, pad_memories
+from .vad import speech_chunks
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class TranscribeOptions:
     checks: Checks = Checks()  # Whisper's thresholds, fallback temperatures and the sampling seed
     condition_on_previous_text: bool = True
     encoder_window: str = "full"  # "full": Whisper's padded 30 s window; "audio": only the window's audio (faster)
+    chunked: bool = False  # decode a file's speech as independent <= 30 s pieces, batched, without prompts
 
 
 @dataclass
@@ -49,6 +52,14 @@ class Stats:
     windows: int = 0
     fallbacks: int = 0
     decode: RowStats = field(default_factory=RowStats)
+
+    def add(self, other: Stats) -> None:
+        """Add the times and counts of another piece of the same file (its audio is counted by the caller)."""
+        self.encoder_seconds += other.encoder_seconds
+        self.decode_seconds += other.decode_seconds
+        self.windows += other.windows
+        self.fallbacks += other.fallbacks
+        self.decode.add(other.decode)
 
     def as_dict(self) -> dict:
         d = self.decode
@@ -81,7 +92,8 @@ class Transcript:
 class _File:
     """One file's place in Whisper's window loop: where it has seeked to, the current window's encoder output and
     temperature attempt, and what it has transcribed so far."""
-    key: Hashable
+    key: Hashable  # (the file's key, piece number)
+    offset: float  # where the piece starts in the file (seconds)
     mel: torch.Tensor
     content: int  # mel frames of audio
     language: str | None
@@ -102,8 +114,23 @@ class _File:
     def size(self) -> int:
         return min(N_FRAMES, self.content - self.seek)
 
+
+@dataclass
+class _Pieces:
+    """A file being transcribed: one piece (Whisper's loop over the whole file), or its speech chunks."""
+    duration: float
+    left: int
+    done: dict[int, _File] = field(default_factory=dict)
+    progress: dict[int, float] = field(default_factory=dict)  # seconds transcribed, by piece
+
     def transcript(self) -> Transcript:
-        return Transcript("".join(s.text for s in self.segments).strip(), self.segments, self.language, self.stats)
+        files = [self.done[n] for n in sorted(self.done)]
+        stats = Stats(audio_seconds=self.duration)
+        for f in files:
+            stats.add(f.stats)
+        segments = [s for f in files for s in f.segments]
+        language = next((f.language for f in files), None)
+        return Transcript("".join(s.text for s in segments).strip(), segments, language, stats)
 
 
 class Transcriber(Recognizer):
@@ -122,58 +149,94 @@ class Transcriber(Recognizer):
                         options: TranscribeOptions = TranscribeOptions(), batch_size: int = 1,
                         use_draft: bool = True, progress: Callable[[Hashable, float], None] | None = None
                         ) -> Iterator[tuple[Hashable, Transcript | AudioError]]:
-        """Transcribe (key, load audio) items with up to ``batch_size`` files in flight, yielding (key,
+        """Transcribe (key, load audio) items with up to ``batch_size`` windows in flight, yielding (key,
         transcript) as each file finishes (not in input order), or (key, error) for audio that cannot be loaded.
-        A finished file's place is taken by the next one at once; audio is loaded only then."""
+        A finished window's place is taken by the next file at once; audio is loaded only then. With
+        ``options.chunked`` a file's speech chunks are its pieces (decoded side by side, then joined)."""
         source = iter(items)
+        queued: deque[_File] = deque()
         active: list[_File] = []
+        files: dict[Hashable, _Pieces] = {}
+
+        def finish(f: _File) -> Iterator[tuple[Hashable, Transcript]]:
+            key, n = f.key
+            whole = files[key]
+            whole.done[n] = f
+            whole.left -= 1
+            if progress is not None:
+                whole.progress[n] = min(f.seek, f.content) / FRAMES_PER_SECOND
+                progress(key, sum(whole.progress.values()))
+            if not whole.left:
+                del files[key]
+                yield key, whole.transcript()
+
         while True:
-            while len(active) < batch_size and (item := next(source, None)) is not None:
+            while len(active) < batch_size:
+                if queued:
+                    f = queued.popleft()
+                    if f.done:
+                        yield from finish(f)
+                    else:
+                        active.append(f)
+                    continue
+                if (item := next(source, None)) is None:
+                    break
                 key, load = item
                 try:
                     audio = load()
                 except AudioError as e:
                     yield key, e
                     continue
-                mel = log_mel(audio, self.target.n_mels)
-                f = _File(key, mel, mel.shape[1] - N_FRAMES, options.language if self.vocab.multilingual else None,
-                          Stats(audio_seconds=len(audio) / SAMPLE_RATE))
-                if f.done:
-                    yield key, f.transcript()
-                else:
-                    active.append(f)
+                pieces = speech_chunks(audio) if options.chunked else [(0, len(audio))]
+                files[key] = _Pieces(len(audio) / SAMPLE_RATE, len(pieces))
+                if not pieces:  # chunked, and no speech at all
+                    yield key, files.pop(key).transcript()
+                for n, (a, b) in enumerate(pieces):
+                    mel = log_mel(audio[a:b], self.target.n_mels)
+                    queued.append(_File((key, n), a / SAMPLE_RATE, mel, mel.shape[1] - N_FRAMES,
+                                        options.language if self.vocab.multilingual else None,
+                                        Stats(audio_seconds=(b - a) / SAMPLE_RATE)))
             if not active:
                 return
             self._encode(active, options)
             self._decode(active, options, use_draft)
             for f in list(active):
-                if progress is not None:
-                    progress(f.key, min(f.seek, f.content) / FRAMES_PER_SECOND)
                 if f.done:
                     active.remove(f)
-                    yield f.key, f.transcript()
+                    yield from finish(f)
+                elif progress is not None:
+                    whole = files[f.key[0]]
+                    whole.progress[f.key[1]] = f.seek / FRAMES_PER_SECOND
+                    progress(f.key[0], sum(whole.progress.values()))
 
     def _encode(self, files: list[_File], o: TranscribeOptions) -> None:
-        """Encode the windows that need it, one call per window length; detect languages still unknown."""
+        """Encode the windows that need it and detect languages still unknown. On a CPU one window per call: a
+        batch is no faster there (the encoder is compute-bound) and its attention matrices cost 0.6 GB at 8 windows;
+        an accelerator encodes every window of one length in one call."""
         fresh = [f for f in files if f.memory is None]
         for f in fresh:
             f.frames = f.frames or encoder_frames(f.size, full=o.encoder_window == "full")
+        rows = 1 if self.target.decoder.device.type == "cpu" else len(fresh)  # see the docstring
         for frames in sorted({f.frames for f in fresh}):
-            group = [f for f in fresh if f.frames == frames]
+            same = [f for f in fresh if f.frames == frames]
+            for group in (same[i:i + rows] for i in range(0, len(same), rows)):
+                self._encode_group(group, frames)
+
+    def _encode_group(self, group: list[_File], frames: int) -> None:
+        t0 = time.perf_counter()
+        target, draft = self.encode(torch.stack([window(f.mel, f.seek, frames) for f in group]))
+        share = (time.perf_counter() - t0) / len(group)  # a batch's time is shared equally by its files
+        for i, f in enumerate(group):
+            f.memory = (target[i:i + 1], None if draft is None else draft[i:i + 1])
+            f.stats.encoder_seconds += share
+        unknown = [f for f in group if self.vocab.multilingual and f.language is None]
+        if unknown:
             t0 = time.perf_counter()
-            target, draft = self.encode(torch.stack([window(f.mel, f.seek, frames) for f in group]))
-            share = (time.perf_counter() - t0) / len(group)  # a batch's time is shared equally by its files
-            for i, f in enumerate(group):
-                f.memory = (target[i:i + 1], None if draft is None else draft[i:i + 1])
-                f.stats.encoder_seconds += share
-            unknown = [f for f in group if self.vocab.multilingual and f.language is None]
-            if unknown:
-                t0 = time.perf_counter()
-                languages = self.detect_language(torch.cat([f.memory[0] for f in unknown]))
-                share = (time.perf_counter() - t0) / len(unknown)
-                for f, language in zip(unknown, languages):
-                    f.language = language
-                    f.stats.decode_seconds += share
+            languages = self.detect_language(torch.cat([f.memory[0] for f in unknown]))
+            share = (time.perf_counter() - t0) / len(unknown)
+            for f, language in zip(unknown, languages):
+                f.language = language
+                f.stats.decode_seconds += share
 
     def _decode(self, files: list[_File], o: TranscribeOptions, use_draft: bool) -> None:
         """Decode every file's current window, one batch per temperature, and take the results."""
@@ -185,7 +248,8 @@ class Transcriber(Recognizer):
             ragged = len(set(lengths)) > 1
             memories = (pad_memories([f.memory[0] for f in group]),
                         None if group[0].memory[1] is None else pad_memories([f.memory[1] for f in group]))
-            requests = [replace(self.prompt(f.all_tokens[f.prompt_since:] if o.condition_on_previous_text else [],
+            prompted = o.condition_on_previous_text and not o.chunked
+            requests = [replace(self.prompt(f.all_tokens[f.prompt_since:] if prompted else [],
                                             f.language, o.task, o.timestamps),
                                 key=(f.seek, attempt),  # sampling noise keyed by window and attempt
                                 memory_length=n if ragged else None) for f, n in zip(group, lengths)]
@@ -215,7 +279,8 @@ class Transcriber(Recognizer):
         if nothing_said(result, c):
             f.seek += size
         else:
-            new, advance = self._segments(result, f.seek / FRAMES_PER_SECOND, size, temperature, f.stats.audio_seconds)
+            new, advance = self._segments(result, f.offset + f.seek / FRAMES_PER_SECOND, size, temperature,
+                                          f.offset + f.stats.audio_seconds)
             f.segments.extend(new)
             f.all_tokens.extend(result.tokens)
             f.seek += max(advance, 1)

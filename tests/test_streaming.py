@@ -79,7 +79,7 @@ def test_silence_is_skipped_without_decoding(transcriber):
 def test_voice_activity_detection_leaves_torch_threads_alone():
     import torch
 
-    from asr_spec.streaming.vad import VoiceActivity
+    from asr_spec.vad import VoiceActivity
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..audio import SAMPLE_RATE
 
-OURS = ("target", "spec", "spec-fixed", "spec-sample", "target-sample", "draft")
+OURS = ("target", "spec", "spec-fixed", "spec-chunked", "spec-sample", "target-sample", "draft")
 PEERS = ("hf", "hf-assisted", "faster-whisper", "faster-whisper-batched")
 
 
@@ -26,6 +26,7 @@ class SystemSpec:
     seed: int = 0
     compute_type: str = ""
     adaptive_k: bool = True  # spec: each pass's draft length by measured cost (spec-fixed: always k)
+    chunked: bool = False  # spec-chunked: a file's speech chunks decoded side by side without prompts
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,9 @@ def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
            stops: list[float] = [0.0]) -> list[SystemSpec]:  # noqa: B006 (never mutated)
     out: list[SystemSpec] = []
     for s in systems:
-        if s in ("spec", "spec-fixed"):
+        if s in ("spec", "spec-fixed", "spec-chunked"):
             out += [SystemSpec(f"{s}-k{k}" + (f"-stop{p:g}" if p else ""), "spec", k=k, draft_stop=p,
-                               adaptive_k=s == "spec") for k in ks for p in stops]
+                               adaptive_k=s != "spec-fixed", chunked=s == "spec-chunked") for k in ks for p in stops]
         elif s in ("spec-sample", "target-sample"):  # same seeds: the same text (sampling is keyed, not drawn)
             out += [SystemSpec(f"{s}-t{temperature}-s{i}", s, k=ks[0], draft_stop=stops[0],
                                temperature=temperature, seed=i) for i in range(seeds)]
@@ -100,7 +101,7 @@ def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
     # the draft alone: one greedy attempt (a failing draft would otherwise retry at every temperature)
     temps = (0.0,) if spec.kind == "draft" else temperature_ladder(spec.temperature)
     opts = TranscribeOptions(language=setup.language, k=spec.k, draft_stop=spec.draft_stop, checks=Checks(temps, seed=spec.seed),
-                             encoder_window=setup.encoder_window, adaptive_k=spec.adaptive_k)
+                             encoder_window=setup.encoder_window, adaptive_k=spec.adaptive_k, chunked=spec.chunked)
 
     def run(audios: list[np.ndarray]) -> list[Output]:
         outputs: list[Output | None] = [None] * len(audios)

@@ -24,7 +24,7 @@ from ..audio import SAMPLE_RATE
 from ..decoding.speculative import RowResult, RowStats
 from ..recognizer import nothing_said
 from ..features import N_SAMPLES, TOKEN_SECONDS
-from .vad import VoiceActivity
+from ..vad import VoiceActivity
 
 
 @dataclass(frozen=True)

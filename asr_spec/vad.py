@@ -7,7 +7,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from ..audio import SAMPLE_RATE
+from .audio import SAMPLE_RATE
 
 
 @lru_cache(maxsize=1)
@@ -39,3 +39,30 @@ class VoiceActivity:
         self._rest = x[n * self.CHUNK:]
         chunks = torch.from_numpy(x[: n * self.CHUNK].copy()).view(n, self.CHUNK)
         return [float(self.model(chunk, SAMPLE_RATE)) >= self.threshold for chunk in chunks]
+
+
+def speech_chunks(audio: np.ndarray, max_s: float = 30.0, pad_s: float = 0.2) -> list[tuple[int, int]]:
+    """Sample ranges of at most ``max_s`` that together hold all of ``audio``'s speech (``--chunked``): voiced
+    runs widened by ``pad_s`` on each side, joined with the silence between them while the piece stays within
+    ``max_s``; a run longer than that is cut every ``max_s``. Audio outside every piece is silence."""
+    flags = VoiceActivity()(audio)
+    step, limit, pad = VoiceActivity.CHUNK, int(max_s * SAMPLE_RATE), int(pad_s * SAMPLE_RATE)
+    runs: list[tuple[int, int]] = []
+    for i, voiced in enumerate(flags):
+        if not voiced:
+            continue
+        a, b = max(0, i * step - pad), min(len(audio), (i + 1) * step + pad)
+        if runs and a <= runs[-1][1]:
+            runs[-1] = (runs[-1][0], b)
+        else:
+            runs.append((a, b))
+    pieces: list[tuple[int, int]] = []
+    for a, b in runs:
+        while b - a > limit:
+            pieces.append((a, a + limit))
+            a += limit
+        if pieces and b - pieces[-1][0] <= limit:
+            pieces[-1] = (pieces[-1][0], b)
+        else:
+            pieces.append((a, b))
+    return pieces
