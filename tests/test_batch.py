@@ -3,6 +3,9 @@ reported once, a bad file reported without stopping the others."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+
+import jiwer
 
 import numpy as np
 import pytest
@@ -11,10 +14,12 @@ from conftest import DEV
 
 from asr_spec.audio import AudioError, load_audio
 from asr_spec.decoding.costs import BatchCosts
+from asr_spec.evaluation.metrics import normalize
 from asr_spec.features import log_mel, window
 from asr_spec.models.loader import default_draft, load_draft
 from asr_spec.recognizer import Checks
 from asr_spec.transcribe import TranscribeOptions, Transcriber
+from asr_spec.vad import speech_chunks
 
 
 def _noise(seconds: float, seed: int) -> np.ndarray:
@@ -81,3 +86,36 @@ def test_batch_8_gives_the_text_of_one_file_at_a_time_on_dev_speech(base_model):
         print(f"{i}: diverges at token {j}: {ends[0]} vs {ends[1]}, logit gap {gap:.2e}\n  1: {one[i].text}\n  8: {eight[i].text}")
         assert abs(gap) < 1e-3, f"{i}: a divergence that is not a near-tie (gap {gap})"
     print(f"{len(rows) - len(differ)}/{len(rows)} identical")
+
+
+def test_chunks_cover_the_speech_and_no_chunk_is_longer_than_30_s():
+    jfk = load_audio(DEV / "jfk-inaugural-1961-ask-not.wav")
+    gap = np.zeros(2 * 16000, np.float32)
+    audio = np.concatenate([gap, jfk, gap, jfk, gap, jfk, gap])  # 41 s
+    pieces = speech_chunks(audio)
+    assert 2 <= len(pieces) <= 3 and all(b - a <= 30 * 16000 for a, b in pieces)
+    assert all(b1 <= a2 for (_, b1), (a2, _) in zip(pieces, pieces[1:]))
+    inside = lambda t: any(a <= t * 16000 <= b for a, b in pieces)  # noqa: E731
+    for start in (2.0, 15.0, 28.0):  # each clip's first and last words lie inside a piece (a cut falls in a pause)
+        assert inside(start + 0.3) and inside(start + 10.5)
+    assert not inside(1.0) and not inside(40.5)
+    assert speech_chunks(np.zeros(10 * 16000, np.float32)) == []
+    long = speech_chunks(np.tile(jfk, 4))  # 44 s of speech with short pauses: cut in one of them
+    assert len(long) == 2 and all(b - a <= 30 * 16000 for a, b in long) and long[0][0] < 0.3 * 16000
+
+
+@pytest.mark.slow
+def test_chunked_transcribes_every_piece_in_order(base_model):
+    """Three dev utterances with pauses between them (33 s): chunked, their words come back in order (against
+    each one transcribed alone) with segment times inside the file."""
+    tr = Transcriber(base_model, load_draft(default_draft("whisper-base"), base_model))
+    clips = [load_audio(f) for f in sorted(DEV.glob("LJ001-000*.wav"))[:3]]
+    gap = np.zeros(2 * 16000, np.float32)
+    audio = np.concatenate([gap] + [x for c in clips for x in (c, gap)])
+    o = TranscribeOptions(language="en")
+    alone = " ".join(tr.transcribe(c, o).text for c in clips)
+    t = tr.transcribe(audio, replace(o, chunked=True))
+    print(f"alone:   {alone}\nchunked: {t.text}")
+    assert jiwer.wer(normalize(alone), normalize(t.text)) <= 0.1
+    assert all(a.end <= b.start + 1e-6 for a, b in zip(t.segments, t.segments[1:]))  # in order, within the file
+    assert t.segments[-1].end <= len(audio) / 16000 + 1e-6 and t.stats.audio_seconds == pytest.approx(len(audio) / 16000)
