@@ -299,7 +299,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                        encoder_dtype=args.encoder_dtype, encoder_window=args.encoder_window,
                        temperature=args.temperature, seeds=args.seeds, model=args.model,
                        draft=args.draft,
-                       language=args.language or None, threads=args.threads, batch_size=args.batch_size)
+                       language=args.language or None, threads=args.threads,
+                       batch_sizes=tuple(int(n) for n in args.batch_size.split(",")))
     try:
         results = evaluate(opts)
     except ValueError as e:
@@ -427,8 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--draft", default=DEFAULT_DRAFT)
     e.add_argument("--language", default="en", help="language for every system ('' = detect)")
     e.add_argument("--threads", type=int, default=0, help="threads for every system (default: torch's)")
-    e.add_argument("--batch-size", type=int, default=1, help="our systems: files decoded together; "
-                   "faster-whisper-batched: its batch size (it batches the voice-activity chunks of one file)")
+    e.add_argument("--batch-size", default="1", help="comma list (one run of each of our systems per size): files "
+                   "decoded together; faster-whisper-batched: its batch size (it batches the chunks of one file)")
     e.set_defaults(func=cmd_eval)
 
     d = sub.add_parser("distill", help="train a cheap draft for a Whisper target from unlabeled audio (and text)")

@@ -76,3 +76,14 @@ def test_a_missing_peer_is_reported_as_skipped(monkeypatch):
     assert [s.name for s in specs] == ["target", "faster-whisper-int8", "faster-whisper-float32"]
     assert systems.missing(specs[0]) is None
     assert "faster-whisper is not installed" in systems.missing(specs[1])
+
+
+def test_each_batch_size_is_a_run_of_its_own():
+    from asr_spec.evaluation import systems
+
+    specs = systems.expand(["target", "spec-chunked", "hf", "faster-whisper-batched"], [3], 0.5, 1, [0.3], [1, 8])
+    assert [(s.name, s.batch_size) for s in specs] == [
+        ("target", 1), ("target-b8", 8), ("spec-chunked-k3-stop0.3", 1), ("spec-chunked-k3-stop0.3-b8", 8), ("hf", 1),
+        ("faster-whisper-batched-int8", 1), ("faster-whisper-batched-int8-b8", 8),
+        ("faster-whisper-batched-float32", 1), ("faster-whisper-batched-float32-b8", 8)]
+    assert all(s.chunked == s.name.startswith("spec-chunked") for s in specs)

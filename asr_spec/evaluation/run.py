@@ -34,7 +34,7 @@ class EvalOptions:
     draft: str = "auto"  # auto: the draft shipped for the model, else an untrained layers:0,5
     language: str | None = "en"
     threads: int = 0
-    batch_size: int = 1  # files in flight together (our systems), chunks per batch (faster-whisper-batched)
+    batch_sizes: tuple[int, ...] = (1,)  # windows in flight (ours), chunks per batch (faster-whisper-batched)
 
 
 def read_manifest(path: Path, limit: int = 0) -> list[dict]:
@@ -93,8 +93,8 @@ def evaluate(o: EvalOptions) -> dict:
     threads = o.threads or torch.get_num_threads()
     items = read_manifest(o.manifest, o.limit)
     draft = (default_draft(o.model) or "layers:0,5") if o.draft == "auto" else o.draft
-    setup = Setup(o.model, draft, o.language, threads, o.encoder_dtype, o.encoder_window, o.batch_size)
-    specs = expand(list(o.systems), list(o.ks), o.temperature, o.seeds, list(o.draft_stops))
+    setup = Setup(o.model, draft, o.language, threads, o.encoder_dtype, o.encoder_window)
+    specs = expand(list(o.systems), list(o.ks), o.temperature, o.seeds, list(o.draft_stops), list(o.batch_sizes))
     runs, skipped = {}, {}
     for spec in specs:
         if reason := missing(spec):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable
 
@@ -27,6 +27,7 @@ class SystemSpec:
     compute_type: str = ""
     adaptive_k: bool = True  # spec: each pass's draft length by measured cost (spec-fixed: always k)
     chunked: bool = False  # spec-chunked: a file's speech chunks decoded side by side without prompts
+    batch_size: int = 1  # ours: windows in flight (files, or chunks); faster-whisper-batched: its batch size
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,6 @@ class Setup:
     threads: int
     encoder_dtype: str = "float32"  # our systems' encoder precision
     encoder_window: str = "full"  # our systems' encoder input: padded 30 s windows, or only the audio
-    batch_size: int = 1  # our systems: files in flight; faster-whisper: its batched pipeline (chunks of a file)
 
 
 @dataclass
@@ -50,7 +50,9 @@ class Output:
 
 
 def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
-           stops: list[float] = [0.0]) -> list[SystemSpec]:  # noqa: B006 (never mutated)
+           stops: list[float] = [0.0], batch_sizes: list[int] = [1]) -> list[SystemSpec]:  # noqa: B006 (never mutated)
+    """The runs of each named system: one per K and draft-stop (spec), seed (sampling), compute type
+    (faster-whisper) and batch size (ours and faster-whisper-batched; "-b8" in the name when above 1)."""
     out: list[SystemSpec] = []
     for s in systems:
         if s in ("spec", "spec-fixed", "spec-chunked"):
@@ -65,7 +67,9 @@ def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
             out.append(SystemSpec(s, s))
         else:
             raise ValueError(f"unknown system {s!r}; choose from {', '.join(OURS + PEERS)}")
-    return out
+    batched = lambda spec: spec.kind in OURS or spec.kind == "faster-whisper-batched"  # noqa: E731
+    return [replace(spec, name=spec.name + (f"-b{n}" if n > 1 else ""), batch_size=n) if batched(spec) else spec
+            for spec in out for n in (batch_sizes if batched(spec) else [None])]
 
 
 def missing(spec: SystemSpec) -> str | None:
@@ -106,7 +110,7 @@ def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
     def run(audios: list[np.ndarray]) -> list[Output]:
         outputs: list[Output | None] = [None] * len(audios)
         last = time.perf_counter()
-        for i, t in tr.transcribe_many([(i, lambda a=a: a) for i, a in enumerate(audios)], opts, setup.batch_size):
+        for i, t in tr.transcribe_many([(i, lambda a=a: a) for i, a in enumerate(audios)], opts, spec.batch_size):
             now = time.perf_counter()
             st = t.stats
             outputs[i] = Output(t.text, now - last, st.encoder_seconds, st.decode_seconds,
@@ -159,7 +163,7 @@ def _faster_whisper(spec: SystemSpec, setup: Setup) -> Transcribe:
                          cpu_threads=setup.threads)
     if spec.kind == "faster-whisper-batched":  # its batched pipeline: a file's voice-activity chunks, no prompts
         pipeline = BatchedInferencePipeline(model)
-        transcribe = partial(pipeline.transcribe, batch_size=setup.batch_size)
+        transcribe = partial(pipeline.transcribe, batch_size=spec.batch_size)
     else:  # Whisper's sequential loop
         transcribe = partial(model.transcribe, vad_filter=False)
 
