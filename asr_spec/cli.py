@@ -331,7 +331,8 @@ def cmd_distill(args: argparse.Namespace) -> int:
                        layers=tuple(int(i) for i in args.layers.split(",")) if args.layers else (),
                        head_size=args.head_size, tts_clips=args.tts_clips,
                        tts_engines=tuple(e for e in args.tts_engines.split(",") if e), minutes=args.minutes,
-                       max_steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed)
+                       max_steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
+                       session_s=args.session_seconds, init=Path(args.init) if args.init else None)
     try:
         report = distill(o)
     except (ModelError, RuntimeError) as e:
@@ -442,6 +443,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--head-size", type=int, default=4000, help="text tokens in the draft's output layer (0: all)")
     d.add_argument("--tts-clips", type=int, default=600, help="clips to synthesize from --text")
     d.add_argument("--tts-engines", default="", help="comma list of espeak-ng, flite, festival (default: installed)")
+    d.add_argument("--session-seconds", type=float, default=120.0,
+                   help="also join consecutive real clips into recordings this long and label them window by window "
+                   "as transcribe decodes them (previous text as prompt); 0: off")
+    d.add_argument("--init", help="continue training this draft (its layers, output layer and shortlist)")
     d.add_argument("--minutes", type=float, default=20.0, help="training time budget")
     d.add_argument("--steps", type=int, default=0, help="train this many steps instead of a time budget")
     d.add_argument("--batch", type=int, default=16)

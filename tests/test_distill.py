@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from asr_spec.audio import load_audio
 from asr_spec.features import log_mel, window
@@ -34,13 +35,16 @@ def test_distill_writes_a_draft_that_decodes_exactly_and_resumes(tmp_path, base_
     text = TRAIN / "text" / "gutenberg_doyle_wells.txt"
     out, work = tmp_path / "draft", tmp_path / "work"
     common = ["--target", "whisper-base", "--audio", str(audio), "--text", str(text), "--tts-clips", "10",
-              "--batch", "4", "--out", str(out), "--work", str(work)]
+              "--batch", "4", "--out", str(out), "--work", str(work), "--session-seconds", "60"]
     r = distill(*common, "--steps", "6")
     assert r.returncode == 0, r.stderr[-3000:]
     for name in ("draft.safetensors", "asr_spec_draft.json", "README.md", "report.json"):
         assert (out / name).exists()
     report = json.loads((out / "report.json").read_text())
     assert report["steps"] == 6 and report["examples"]["tts"] > 0 and report["examples"]["real"] > 0
+    assert report["examples"]["session"] > 0  # windows of joined clips, prompted with the previous text
+    assert any(e.prompt[0] == base_model.vocab.sot_prev for f in (work / "cache").glob("session-*.pt")
+               for e in torch.load(f, weights_only=False))
     assert 0 <= report["held_aside_acceptance"] <= 1
     assert "asr_spec distill" in (out / "README.md").read_text()
 
@@ -57,3 +61,10 @@ def test_distill_writes_a_draft_that_decodes_exactly_and_resumes(tmp_path, base_
     r = distill(*common, "--steps", "6")  # same options: the checkpoint is complete, nothing to redo
     assert "resumed from step 6" in r.stderr
     assert json.loads((out / "report.json").read_text())["steps"] == 6
+
+    tuned = tmp_path / "tuned"  # fine-tuning the draft keeps its shortlist and stays exact
+    r = distill(*[a if a != str(out) else str(tuned) for a in common], "--steps", "2", "--init", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((tuned / "asr_spec_draft.json").read_text())["head_ids"] == draft.decoder.head_ids.tolist()
+    spec = Transcriber(base_model, load_draft(str(tuned), base_model)).decode(memories, [prompt], k=4)[0]
+    assert spec.tokens == ref.tokens

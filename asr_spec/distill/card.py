@@ -11,15 +11,17 @@ def write_card(out: Path, report: dict, command: str) -> None:
     card = f"""# Distilled draft for `{report['target']}`
 
 A draft decoder for exact speculative decoding with asr_spec: {report['decoder_layers']} decoder layers initialised
-from the target's layers {report['layers_from']}, reading the target's encoder output (shared encoder) and its
+{f"from the draft {report['options']['init']} (itself started " if report['options'].get('init') else ""}from the target's layers {report['layers_from']}{")" if report['options'].get('init') else ""}, reading the target's encoder output (shared encoder) and its
 token/position embeddings, with a {report['head_tokens']}-token output layer. The target verifies every drafted
 token, so transcripts are the target's own whatever the draft proposes.
 
 - Trained with: `{command}`
 - Seed {report['options']['seed']}; {report['steps']} steps of batch {report['options']['batch']} in
   {report['train_seconds'] / 60:.1f} min (labelling the data with the target: {report['label_seconds'] / 60:.1f} min), CPU.
-- Data: {ex['real']} real-audio examples and {ex['tts']} synthesized ones (labelled by the target's greedy decoding;
-  {ex['held_aside']} held aside). Audio: {', '.join(report['options']['audio']) or 'none'}; text for synthesis:
+- Data: {ex['real']} real-audio examples, {ex['tts']} synthesized ones and {ex.get('session', 0)} windows of real clips
+  joined into recordings of up to {report['options'].get('session_s', 0):g} s and decoded the way `transcribe` decodes
+  them (previous text as prompt, timestamps, seeking), all labelled by the target's greedy decoding
+  ({ex['held_aside']} held aside). Audio: {', '.join(report['options']['audio']) or 'none'}; text for synthesis:
   {', '.join(Path(t).name for t in report['options']['text']) or 'none'}. No evaluation data.
 - Loss: KL to the target's top-{report['options']['top_k']} distribution (renormalised on the head) +
   {report['options']['ce_weight']} x cross-entropy on its greedy tokens.

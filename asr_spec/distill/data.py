@@ -14,8 +14,9 @@ import torch
 from ..audio import SAMPLE_RATE, AudioError, load_audio
 from ..features import N_SAMPLES, log_mel, window
 from ..models.loader import Whisper
-from ..decoding.speculative import SAMPLE_LEN
-from ..recognizer import Checks, Recognizer, compression_ratio, nothing_said
+from ..decoding.speculative import SAMPLE_LEN, RowResult
+from ..recognizer import Checks, Recognizer, compression_ratio, nothing_said, pad_memories
+from ..transcribe import TranscribeOptions, Transcriber
 from .tts import passages, random_voice, speak
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".mp3"}
@@ -25,7 +26,7 @@ CHECKS = Checks()  # Whisper's thresholds: labels that fail them teach the draft
 @dataclass
 class Example:
     id: str
-    source: str  # "real" or "tts"
+    source: str  # "real", "tts", or "session" (a window of real clips joined and decoded as ``transcribe`` does)
     memory: torch.Tensor  # target encoder output, fp16 [frames, d_model]
     prompt: list[int]
     labels: list[int]  # the target's greedy tokens, end-of-text included
@@ -79,35 +80,101 @@ def clips(files: list[Path], source: str) -> Iterator[tuple[str, str, np.ndarray
                 yield f"{f.stem}@{start // SAMPLE_RATE}", source, piece
 
 
+def sessions(files: list[Path], seconds: float) -> list[tuple[str, np.ndarray]]:
+    """Clips joined into recordings of up to ``seconds``, as ``transcribe`` meets long audio: consecutive files of
+    one folder (one language) with 0.5 s of silence between them, so every window after a recording's first is
+    prompted with the text before it."""
+    gap = np.zeros(SAMPLE_RATE // 2, np.float32)
+    groups: dict[Path, list[Path]] = {}
+    for f in files:
+        groups.setdefault(f.parent, []).append(f)
+    out: list[tuple[str, np.ndarray]] = []
+    for group in groups.values():
+        pieces: list[np.ndarray] = []
+        for f in group:
+            try:
+                audio = load_audio(f)
+            except AudioError:
+                continue
+            if pieces and sum(map(len, pieces)) + len(audio) > seconds * SAMPLE_RATE:
+                out.append((f"{group[0].stem}+{len(out)}", np.concatenate(pieces)))
+                pieces = []
+            pieces += [audio, gap]
+        if pieces:
+            out.append((f"{group[0].stem}+{len(out)}", np.concatenate(pieces)))
+    return out
+
+
+class _Recorder(Transcriber):
+    """``transcribe``'s own window loop (target only) that keeps every greedy window decode: the window's encoder
+    output, its prompt (previous text, timestamps) and the target's tokens."""
+
+    def __init__(self, target: Whisper):
+        super().__init__(target)
+        self.windows: list[tuple[torch.Tensor, list[int], RowResult]] = []
+
+    def decode(self, memories, requests, temperature=0.0, *args, **kwargs):  # noqa: ANN001 - Recognizer.decode's
+        results = super().decode(memories, requests, temperature, *args, **kwargs)
+        if temperature == 0.0:
+            for i, (q, r) in enumerate(zip(requests, results)):
+                self.windows.append((memories[0][i, : q.memory_length or memories[0].shape[1]].clone(), q.prompt, r))
+        return results
+
+
+def label_sessions(target: Whisper, recordings: list[tuple[str, np.ndarray]], top_k: int,
+                   batch_size: int = 8) -> list[Example]:
+    """Label recordings window by window as ``transcribe`` decodes them (prompted with the previous text,
+    timestamps, seeking), ``batch_size`` recordings in flight."""
+    rec = _Recorder(target)
+    for _ in rec.transcribe_many([(name, lambda a=a: a) for name, a in recordings], TranscribeOptions(),
+                                 batch_size, use_draft=False):
+        pass
+    name = recordings[0][0] if recordings else ""
+    return _with_top_k(target, [(f"{name}#w{j}", "session", memory, prompt, r)
+                                for j, (memory, prompt, r) in enumerate(rec.windows)], top_k)
+
+
 @torch.inference_mode()
 def label(target: Whisper, batch: list[tuple[str, str, np.ndarray]], top_k: int, timestamps: bool) -> list[Example]:
     """Run the target over a batch of clips: encoder, language, greedy decode (batched), then top-k log-probs."""
     tr = Recognizer(target)
-    v, dec = target.vocab, target.decoder
+    v = target.vocab
     mel = torch.stack([window(log_mel(a, target.n_mels), 0) for _, _, a in batch])
     memory = target.encode(mel)
     languages = tr.detect_language(memory) if v.multilingual else [None] * len(batch)
     prompts = [tr.prompt([], lang, "transcribe", timestamps) for lang in languages]
     results = tr.decode((memory, None), prompts, 0.0, timestamps, k=0, use_draft=False)
+    return _with_top_k(target, [(f"{cid}{'' if timestamps else '#nots'}", source, memory[i], prompts[i].prompt, r)
+                                for i, ((cid, source, _), r) in enumerate(zip(batch, results))], top_k)
+
+
+@torch.inference_mode()
+def _with_top_k(target: Whisper, decoded: list[tuple[str, str, torch.Tensor, list[int], RowResult]],
+                top_k: int, rows: int = 8) -> list[Example]:
+    """Examples from decoded windows (id, source, encoder output [S, D], prompt, result): loops, hallucinations
+    and silence are dropped (they teach the draft nothing useful); the target's top-k log-probabilities at each
+    label position come from one teacher-forced pass per ``rows`` windows."""
+    v, dec = target.vocab, target.decoder
     keep = []
-    for i, r in enumerate(results):
+    for cid, source, memory, prompt, r in decoded:
         text = target.tokenizer.decode(r.tokens)
         if (len(r.tokens) >= SAMPLE_LEN - 1 or compression_ratio(text) > CHECKS.compression_ratio_threshold
                 or not text.strip() or nothing_said(r)):
-            continue  # loops, hallucinations and silence teach the draft nothing useful
-        keep.append((i, prompts[i].prompt, r.tokens + [v.eot]))
-    if not keep:
-        return []
-    seqs = [prompt + labels[:-1] for _, prompt, labels in keep]
-    width = max(map(len, seqs))
-    tokens = torch.tensor([s + [v.eot] * (width - len(s)) for s in seqs], device=memory.device)
-    rows = torch.tensor([i for i, _, _ in keep], device=memory.device)
-    logits = dec(dec.new_cache(memory[rows], width), tokens, torch.arange(width, device=memory.device).expand(len(keep), -1))
+            continue
+        keep.append((cid, source, memory, prompt, r.tokens + [v.eot]))
     out = []
-    for j, (i, prompt, labels) in enumerate(keep):
-        lp = torch.log_softmax(logits[j, len(prompt) - 1: len(prompt) - 1 + len(labels)].float(), dim=-1)
-        top = lp.topk(top_k, dim=-1)
-        cid, source, _ = batch[i]
-        out.append(Example(f"{cid}{'' if timestamps else '#nots'}", source, memory[i].to(torch.float16).cpu(), prompt,
-                           labels, top.indices.to(torch.int32).cpu(), top.values.to(torch.float16).cpu()))
+    for start in range(0, len(keep), rows):
+        part = keep[start:start + rows]
+        seqs = [prompt + labels[:-1] for _, _, _, prompt, labels in part]
+        width = max(map(len, seqs))
+        tokens = torch.tensor([q + [v.eot] * (width - len(q)) for q in seqs], device=dec.device)
+        memory = pad_memories([m[None].float() for _, _, m, _, _ in part])
+        lengths = [m.shape[0] for _, _, m, _, _ in part]
+        logits = dec(dec.new_cache(memory, width, lengths if len(set(lengths)) > 1 else None), tokens,
+                     torch.arange(width, device=dec.device).expand(len(part), -1))
+        for j, (cid, source, m, prompt, labels) in enumerate(part):
+            lp = torch.log_softmax(logits[j, len(prompt) - 1: len(prompt) - 1 + len(labels)].float(), dim=-1)
+            top = lp.topk(top_k, dim=-1)
+            out.append(Example(cid, source, m.to(torch.float16).cpu(), prompt, labels, top.indices.to(torch.int32).cpu(),
+                               top.values.to(torch.float16).cpu()))
     return out

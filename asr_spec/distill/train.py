@@ -13,10 +13,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from tqdm import tqdm
 
-from ..models.loader import Whisper, distilled_decoder, load_target, save_distilled
-from .data import Example, audio_files, clips, label, synthesize
+from ..models.loader import DRAFT_META, Whisper, distilled_decoder, load_target, save_distilled
+from .data import Example, audio_files, clips, label, label_sessions, sessions, synthesize
 from .tts import available_engines
 
 
@@ -32,6 +33,9 @@ class DistillOptions:
     tts_clips: int = 600
     tts_engines: tuple[str, ...] = ()  # default: every engine installed
     notimestamps_every: int = 4  # also label every Nth clip in <|notimestamps|> mode
+    session_s: float = 120.0  # also join real clips into recordings this long, labelled window by window as
+    # ``transcribe`` decodes them (previous text as prompt, timestamps, seeking); 0: off
+    init: Path | None = None  # continue from this draft (its layers, output layer and shortlist)
     minutes: float = 20.0  # training time budget (labelling not included)
     max_steps: int = 0  # 0: until the time budget ends
     batch: int = 16
@@ -70,6 +74,18 @@ def build_data(o: DistillOptions, target: Whisper) -> list[Example]:
         _log(f"synthesizing {o.tts_clips} clips with {', '.join(engines)}")
         sources.append(("tts", synthesize(list(o.text), o.tts_clips, cache / "tts", engines, o.seed)))
     examples: list[Example] = []
+    if o.session_s and sources[0][1]:
+        recordings = sessions(sources[0][1], o.session_s)
+        bar = tqdm(total=len(recordings), desc="labelling recordings window by window", unit="recording")
+        for n, start in enumerate(range(0, len(recordings), o.label_batch)):
+            shard = cache / f"session-{n:05d}.pt"
+            part = recordings[start:start + o.label_batch]
+            if not shard.exists():
+                torch.save(label_sessions(target, part, o.top_k, o.label_batch), shard.with_suffix(".tmp"))
+                shard.with_suffix(".tmp").replace(shard)
+            examples += torch.load(shard, weights_only=False)
+            bar.update(len(part))
+        bar.close()
     for source, files in sources:
         items = list(clips(files, source))
         bar = tqdm(total=len(items), desc=f"labelling {source} clips with the target", unit="clip")
@@ -184,16 +200,27 @@ def distill(o: DistillOptions) -> dict:
     train = [e for e in examples if e not in held]
     if not train or not held:
         raise RuntimeError(f"too little data: {len(examples)} labelled examples")
-    head_ids = choose_shortlist(o, target, train)
     n_layers = target.hf.config.decoder_layers
-    layers = list(o.layers) or [0, n_layers - 1]
-    model = distilled_decoder(target, len(layers))
-    src, dec = target.hf.model.decoder, model.model.decoder
-    dec.layer_norm.load_state_dict(src.layer_norm.state_dict())
-    for j, i in enumerate(layers):
-        dec.layers[j].load_state_dict(src.layers[i].state_dict())
-    emb = src.embed_tokens.weight.detach()
-    head = torch.nn.Parameter((emb[torch.tensor(head_ids)] if head_ids else emb).clone())
+    src = target.hf.model.decoder
+    if o.init is not None:  # fine-tune a draft: its layers, output layer and shortlist
+        meta = json.loads((o.init / DRAFT_META).read_text())
+        saved = {k: v.float() for k, v in load_file(str(o.init / "draft.safetensors")).items()}
+        head_ids, layers = meta["head_ids"], meta["training"]["layers_from"]
+        model = distilled_decoder(target, meta["decoder_layers"])
+        dec = model.model.decoder
+        dec.layers.load_state_dict({k[len("layers."):]: v for k, v in saved.items() if k.startswith("layers.")})
+        dec.layer_norm.load_state_dict({k[len("layer_norm."):]: v for k, v in saved.items() if k.startswith("layer_norm.")})
+        head = torch.nn.Parameter(saved["head.weight"].clone())
+    else:  # distil-Whisper's recipe: layers copied from the target's, the output layer from its embeddings
+        head_ids = choose_shortlist(o, target, train)
+        layers = list(o.layers) or [0, n_layers - 1]
+        model = distilled_decoder(target, len(layers))
+        dec = model.model.decoder
+        dec.layer_norm.load_state_dict(src.layer_norm.state_dict())
+        for j, i in enumerate(layers):
+            dec.layers[j].load_state_dict(src.layers[i].state_dict())
+        emb = src.embed_tokens.weight.detach()
+        head = torch.nn.Parameter((emb[torch.tensor(head_ids)] if head_ids else emb).clone())
     trainable = list(dec.layers.parameters()) + list(dec.layer_norm.parameters()) + [head]
     for p in trainable:
         p.requires_grad_(True)
@@ -269,7 +296,7 @@ def distill(o: DistillOptions) -> dict:
         "head_tokens": len(head_ids) if head_ids else target.vocab.size,
         "held_aside_label_coverage": round(float(coverage), 4),
         "examples": {"train": len(train), "held_aside": len(held),
-                     "real": sum(e.source == "real" for e in examples), "tts": sum(e.source == "tts" for e in examples)},
+                     **{source: sum(e.source == source for e in examples) for source in ("real", "tts", "session")}},
         "steps": state.step, "train_seconds": round(state.seconds, 1), "label_seconds": round(label_seconds, 1),
         "held_aside_acceptance": round(acceptance, 4), "history": state.history,
         "options": _jsonable(o),
