@@ -151,7 +151,8 @@ class Transcriber(Recognizer):
                         ) -> Iterator[tuple[Hashable, Transcript | AudioError]]:
         """Transcribe (key, load audio) items with up to ``batch_size`` windows in flight, yielding (key,
         transcript) as each file finishes (not in input order), or (key, error) for audio that cannot be loaded.
-        A finished window's place is taken by the next file at once; audio is loaded only then. With
+        A finished file's place is taken by the next file at the next step (once every row of the current decode
+        has ended: no refill in the middle of a decode yet); audio is loaded only then. With
         ``options.chunked`` a file's speech chunks are its pieces (decoded side by side, then joined)."""
         source = iter(items)
         queued: deque[_File] = deque()
