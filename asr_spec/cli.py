@@ -178,7 +178,7 @@ def cmd_mic(args: argparse.Namespace) -> int:
 def _default_batch(device: str) -> int:
     """Files decoded together by default: on a CPU a batch of 8 windows decodes in about half the time of 8
     one by one (cross-attention over each window's 1500 encoder frames grows with the batch: README
-    "Batch transcription"); an accelerator takes more."""
+    "Many files at once"); an accelerator takes more."""
     return 16 if device.startswith("cuda") else 8
 
 
