@@ -36,24 +36,25 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target = load_target()
-    draft = load_draft(args.draft or default_draft("whisper-base") or "layers:0,5", target)
+    spec = args.draft or default_draft("whisper-base") or "layers:0,5"
+    drafts = {"draft fp32": load_draft(spec, target, int8=False), "draft int8": load_draft(spec, target, int8=True)}
     b, n = args.batch, args.prefix
     memory = target.encode(torch.zeros(b, target.n_mels, 3000))
     tokens = torch.randint(0, 50000, (b, n + 9))
     pos = torch.arange(n + 9).expand(b, -1)
     rows = {}
-    for name, dec in (("target", target.decoder), ("draft", draft.decoder)):
+    for name, dec in (("target", target.decoder), *((k, d.decoder) for k, d in drafts.items())):
         cache = dec.new_cache(memory, 460)
         dec(cache, tokens[:, :n], pos[:, :n])
         for t in (1, 2, 3, 4, 5, 6, 9):
             rows[(name, t)] = timed(lambda: dec(cache, tokens[:, n:n + t], pos[:, n:n + t],
                                                 None if name == "target" else torch.full((b, 1), t - 1)))
     step = rows[("target", 1)]
-    print(f"batch {b}, {args.threads} threads, {n} cached tokens; draft {draft.name}")
-    print("new tokens | target ms (x step) | draft ms (x target step)")
+    print(f"batch {b}, {args.threads} threads, {n} cached tokens; draft {spec}")
+    print("new tokens | target ms (x step) | " + " | ".join(f"{k} ms (x target step)" for k in drafts))
     for t in (1, 2, 3, 4, 5, 6, 9):
         print(f"{t:10d} | {rows[('target', t)]:7.2f} ({rows[('target', t)] / step:4.2f}) | "
-              f"{rows[('draft', t)]:6.2f} ({rows[('draft', t)] / step:4.2f})")
+              + " | ".join(f"{rows[(k, t)]:6.2f} ({rows[(k, t)] / step:4.2f})" for k in drafts))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from asr_spec.decoding.costs import FIRST_TRIES, PROBE_EVERY, CostModel
-from asr_spec.models.kv_decoder import StaticDecoder
+from asr_spec.models.kv_decoder import StaticDecoder, int8_available
 from asr_spec.decoding.logits import LogitRules
 from asr_spec.decoding.speculative import DecodeOptions, Decoders, Request, speculative_decode
 from asr_spec.models.loader import load_draft
@@ -60,6 +60,20 @@ def test_reduced_head_gives_minus_inf_outside_the_shortlist(tiny_target):
     assert torch.isinf(small[..., mask]).all()
 
 
+@pytest.mark.skipif(not int8_available(torch.device("cpu"), torch.float32), reason="no int8 CPU kernels here")
+def test_an_int8_draft_stays_close_to_its_float32_weights(tiny_target):
+    """Int8 draft layers change a draft's logits by quantisation noise only (its proposals, never the text:
+    the target verifies every token; see the int8 case of the exactness test below)."""
+    mem = _memory(2)
+    tok, pos = torch.tensor([[50258, 50259, 50359, 5, 6], [50258, 50259, 50359, 7, 8]]), torch.arange(5).expand(2, 5)
+    fp32, int8 = (load_draft("layers:0,1", tiny_target, int8=q).decoder for q in (False, True))
+    assert int8.int8 and not fp32.int8
+    a, b = (d(d.new_cache(mem, 8), tok, pos) for d in (fp32, int8))
+    assert not torch.equal(a, b)  # really quantised
+    assert ((a - b).abs().max() / a.abs().max()).item() < 0.2  # 7-bit inputs, 32-wide random layers
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() >= 0.8
+
+
 PROMPTS = [[50258, 50259, 50359], [50258, 50259, 50359, 50363], [50361, 100, 200, 50258, 50259, 50359],
            [50258, 50259, 50358, 50363]]
 
@@ -78,16 +92,17 @@ def _decode(model, draft, prompts, timestamps, k, sample_len=40, stop_below=0.0,
 @pytest.mark.parametrize("timestamps", [False, True])
 @pytest.mark.parametrize("k", [1, 3, 6])
 @pytest.mark.parametrize("draft_spec", ["layers:0", "layers:0,1"])
-def test_speculative_greedy_equals_target_greedy_tiny(tiny_target, timestamps, k, draft_spec):
+@pytest.mark.parametrize("int8", [False, True])
+def test_speculative_greedy_equals_target_greedy_tiny(tiny_target, timestamps, k, draft_spec, int8):
     prompts = [p for p in PROMPTS if timestamps != (50363 in p)] * 2
     ref = _decode(tiny_target, None, prompts, timestamps, 0)
-    spec = _decode(tiny_target, load_draft(draft_spec, tiny_target), prompts, timestamps, k)
+    spec = _decode(tiny_target, load_draft(draft_spec, tiny_target, int8=int8), prompts, timestamps, k)
     for r, s in zip(ref, spec):
         assert s.tokens == r.tokens
         assert s.no_speech_prob == pytest.approx(r.no_speech_prob, abs=1e-5)
         assert s.sum_logprob == pytest.approx(r.sum_logprob, abs=1e-3)
         assert s.stats.target_passes <= r.stats.target_passes
-    if draft_spec == "layers:0,1":  # the draft is the target itself: every draft is accepted
+    if draft_spec == "layers:0,1" and not int8:  # the draft is the target itself: every draft is accepted
         assert all(s.stats.rejected == 0 and s.stats.accepted > 0 for s in spec)
 
 
@@ -216,7 +231,7 @@ def test_the_cost_model_tries_every_length_then_runs_the_fastest_and_probes_its_
 def test_a_decode_with_the_cost_model_is_exact_and_follows_it(tiny_target, fastest):
     """Whatever draft length the cost model picks, greedy output is the target's own; a draft length
     measured slow is run only on the probe passes."""
-    draft = load_draft("layers:0,1", tiny_target)  # the target itself: every draft is accepted
+    draft = load_draft("layers:0,1", tiny_target, int8=False)  # the target itself: every draft is accepted
     prompts = PROMPTS[:2]
     ref = _decode(tiny_target, None, prompts, True, 0, sample_len=60)
     costs = CostModel(tokens={k: 1.0 + k for k in range(4)}, seconds={k: 1.0 if k == fastest else 100.0 for k in range(4)},

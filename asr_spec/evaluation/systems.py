@@ -12,7 +12,7 @@ import numpy as np
 
 from ..audio import SAMPLE_RATE
 
-OURS = ("target", "spec", "spec-fixed", "spec-chunked", "spec-sample", "target-sample", "draft")
+OURS = ("target", "spec", "spec-fixed", "spec-chunked", "spec-fp32draft", "spec-sample", "target-sample", "draft")
 PEERS = ("hf", "hf-assisted", "faster-whisper", "faster-whisper-batched")
 
 
@@ -28,6 +28,7 @@ class SystemSpec:
     adaptive_k: bool = True  # spec: each pass's draft length by measured cost (spec-fixed: always k)
     chunked: bool = False  # spec-chunked: a file's speech chunks decoded side by side without prompts
     batch_size: int = 1  # ours: windows in flight (files, or chunks); faster-whisper-batched: its batch size
+    draft_int8: bool | None = None  # the draft's linear layers in int8 (None: where the CPU has the kernels)
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,10 @@ def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
     (faster-whisper) and batch size (ours and faster-whisper-batched; "-b8" in the name when above 1)."""
     out: list[SystemSpec] = []
     for s in systems:
-        if s in ("spec", "spec-fixed", "spec-chunked"):
+        if s in ("spec", "spec-fixed", "spec-chunked", "spec-fp32draft"):
             out += [SystemSpec(f"{s}-k{k}" + (f"-stop{p:g}" if p else ""), "spec", k=k, draft_stop=p,
-                               adaptive_k=s != "spec-fixed", chunked=s == "spec-chunked") for k in ks for p in stops]
+                               adaptive_k=s != "spec-fixed", chunked=s == "spec-chunked",
+                               draft_int8=False if s == "spec-fp32draft" else None) for k in ks for p in stops]
         elif s in ("spec-sample", "target-sample"):  # same seeds: the same text (sampling is keyed, not drawn)
             out += [SystemSpec(f"{s}-t{temperature}-s{i}", s, k=ks[0], draft_stop=stops[0],
                                temperature=temperature, seed=i) for i in range(seeds)]
@@ -100,7 +102,7 @@ def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
     from ..transcribe import TranscribeOptions, Transcriber
 
     target = with_encoder_dtype(load_target(setup.model), setup.encoder_dtype)
-    draft = load_draft(setup.draft, target) if spec.kind not in ("target", "target-sample") else None
+    draft = load_draft(setup.draft, target, spec.draft_int8) if spec.kind not in ("target", "target-sample") else None
     tr = Transcriber(draft.alone(target)) if spec.kind == "draft" else Transcriber(target, draft)
     # the draft alone: one greedy attempt (a failing draft would otherwise retry at every temperature)
     temps = (0.0,) if spec.kind == "draft" else temperature_ladder(spec.temperature)

@@ -6,9 +6,10 @@ rolling a row back is just feeding from an earlier position next time (gpt-fast 
 """
 from __future__ import annotations
 
+import warnings
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -52,23 +53,6 @@ class KVCache:
         return KVCache(pick(self.self_k), pick(self.self_v), pick(self.cross_k), pick(self.cross_v), mask)
 
 
-class _Layer:
-    """Weights of one decoder layer, with the self-attention q, k, v projections fused."""
-
-    def __init__(self, layer: nn.Module):
-        sa, ca = layer.self_attn, layer.encoder_attn
-        self.heads = sa.num_heads
-        self.scaling = sa.scaling
-        zero = torch.zeros_like(sa.q_proj.bias)
-        self.qkv = (torch.cat([sa.q_proj.weight, sa.k_proj.weight, sa.v_proj.weight]).detach(),
-                    torch.cat([sa.q_proj.bias, zero, sa.v_proj.bias]).detach())
-        weights = lambda m: (m.weight.detach(), m.bias.detach())  # noqa: E731
-        self.sa_out, self.ca_q, self.ca_out = weights(sa.out_proj), weights(ca.q_proj), weights(ca.out_proj)
-        self.fc1, self.fc2 = weights(layer.fc1), weights(layer.fc2)
-        self.ca = ca
-        self.ln1, self.ln2, self.ln3 = layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm
-
-
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for the few rows of a decode step. On this CPU, ``weight @ x.T`` with
     at least two rows streams the weight at full memory bandwidth, where ``F.linear`` picks kernels that
@@ -84,18 +68,78 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
+class Dense:
+    """A linear layer applied with :func:`project` in the weights' own precision."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.weight, self.bias = weight, bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return project(x, self.weight, self.bias)
+
+
+class Int8:
+    """A linear layer with int8 weights (one scale per output row) and dynamically quantized inputs, run by
+    the CPU's fbgemm/x86 quantized kernels: several times faster than float32 for the few rows of a decode
+    step (eval/bench_steps.py). Only for drafts: the target verifies every token, so a draft's precision
+    changes its acceptance, never the text."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        w = weight.detach().float()
+        scales = (w.abs().amax(1) / 127).clamp(min=1e-12).double()
+        zeros = torch.zeros(w.shape[0], dtype=torch.long)
+        with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao; still in 2.13
+            warnings.simplefilter("ignore", UserWarning)
+            q = torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8)
+        self.packed = torch.ops.quantized.linear_prepack(q, None if bias is None else bias.detach().float())
+        self.out_features = w.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.quantized.linear_dynamic(x.reshape(-1, x.shape[-1]), self.packed, True)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def int8_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether :class:`Int8` layers can run for a float32 model on ``device`` (CPUs with fbgemm or x86)."""
+    engines = torch.backends.quantized.supported_engines
+    return device.type == "cpu" and dtype == torch.float32 and bool({"fbgemm", "x86"} & set(engines))
+
+
+Linear = Callable[..., Callable[[torch.Tensor], torch.Tensor]]  # (weight, bias=None) -> layer: Dense or Int8
+
+
+class _Layer:
+    """Weights of one decoder layer, with the self-attention q, k, v projections fused."""
+
+    def __init__(self, layer: nn.Module, linear: Linear):
+        sa, ca = layer.self_attn, layer.encoder_attn
+        self.heads = sa.num_heads
+        self.scaling = sa.scaling
+        zero = torch.zeros_like(sa.q_proj.bias)
+        self.qkv = linear(torch.cat([sa.q_proj.weight, sa.k_proj.weight, sa.v_proj.weight]).detach(),
+                          torch.cat([sa.q_proj.bias, zero, sa.v_proj.bias]).detach())
+        weights = lambda m: linear(m.weight.detach(), m.bias.detach())  # noqa: E731
+        self.sa_out, self.ca_q, self.ca_out = weights(sa.out_proj), weights(ca.q_proj), weights(ca.out_proj)
+        self.fc1, self.fc2 = weights(layer.fc1), weights(layer.fc2)
+        self.ca = ca
+        self.ln1, self.ln2, self.ln3 = layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm
+
+
 class StaticDecoder:
     """Runs a transformers ``WhisperDecoder`` and an output layer ``head`` [n, d] over a :class:`KVCache`.
 
     With ``head_ids`` the output layer covers only that token shortlist (row i scores token head_ids[i]:
     a reduced-vocabulary draft head): calls return logits over the shortlist with ``shortlist=True``
     (columns in ascending token order, see ``columns``), else over the full vocabulary with ``-inf``
-    outside it.
+    outside it. With ``int8`` its linear layers run with int8 weights (:class:`Int8`; drafts on a CPU).
     """
 
-    def __init__(self, decoder: nn.Module, head: torch.Tensor, head_ids: torch.Tensor | None = None):
+    def __init__(self, decoder: nn.Module, head: torch.Tensor, head_ids: torch.Tensor | None = None,
+                 int8: bool = False):
         self.decoder = decoder
-        self.layers = [_Layer(layer) for layer in decoder.layers]
+        self.int8 = int8
+        linear: Linear = Int8 if int8 else Dense
+        self.layers = [_Layer(layer, linear) for layer in decoder.layers]
         self.vocab_size = decoder.embed_tokens.num_embeddings
         if head_ids is not None:
             head_ids, order = head_ids.sort()
@@ -103,6 +147,7 @@ class StaticDecoder:
         self.head_ids = head_ids
         self.columns = Columns(head_ids)
         self.head_w = head.detach()
+        self.head = linear(self.head_w)
         self.max_positions = decoder.embed_positions.weight.shape[0]
 
     @property
@@ -116,7 +161,7 @@ class StaticDecoder:
         b = encoder_out.shape[0]
         cross_k, cross_v, self_k, self_v = [], [], [], []
         for layer in self.layers:
-            h, dh = layer.heads, layer.qkv[0].shape[1] // layer.heads
+            h, dh = layer.heads, layer.ca.k_proj.out_features // layer.heads
             split = lambda t: t.view(b, -1, h, dh).transpose(1, 2).contiguous()  # noqa: E731
             cross_k.append(split(layer.ca.k_proj(encoder_out)))
             cross_v.append(split(layer.ca.v_proj(encoder_out)))
@@ -143,21 +188,21 @@ class StaticDecoder:
         rows = torch.arange(b, device=tokens.device)[:, None]
         for i, layer in enumerate(self.layers):
             h = layer.heads
-            y = project(layer.ln1(x), *layer.qkv).view(b, t, 3, h, -1)
+            y = layer.qkv(layer.ln1(x)).view(b, t, 3, h, -1)
             q = (y[:, :, 0] * layer.scaling).transpose(1, 2)
             cache.self_k[i][rows, :, positions] = y[:, :, 1]
             cache.self_v[i][rows, :, positions] = y[:, :, 2]
             a = F.scaled_dot_product_attention(q, cache.self_k[i][:, :, :keys], cache.self_v[i][:, :, :keys],
                                                attn_mask=mask, scale=1.0)
-            x = x + project(a.transpose(1, 2).reshape(b, t, -1), *layer.sa_out)
-            q = (project(layer.ln2(x), *layer.ca_q) * layer.scaling).view(b, t, h, -1).transpose(1, 2)
+            x = x + layer.sa_out(a.transpose(1, 2).reshape(b, t, -1))
+            q = (layer.ca_q(layer.ln2(x)) * layer.scaling).view(b, t, h, -1).transpose(1, 2)
             a = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], attn_mask=cache.cross_mask,
                                                scale=1.0)
-            x = x + project(a.transpose(1, 2).reshape(b, t, -1), *layer.ca_out)
-            x = x + project(F.gelu(project(layer.ln3(x), *layer.fc1)), *layer.fc2)
+            x = x + layer.ca_out(a.transpose(1, 2).reshape(b, t, -1))
+            x = x + layer.fc2(F.gelu(layer.fc1(layer.ln3(x))))
         if logits_at is not None:
             x = x.gather(1, logits_at[:, :, None].expand(-1, -1, x.shape[-1]))
-        logits = project(dec.layer_norm(x), self.head_w)
+        logits = self.head(dec.layer_norm(x))
         if self.head_ids is None or shortlist:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))

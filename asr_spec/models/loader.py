@@ -16,7 +16,7 @@ from torch import nn
 from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditionalGeneration
 from transformers.utils import logging as hf_logging
 
-from .kv_decoder import StaticDecoder
+from .kv_decoder import StaticDecoder, int8_available
 from .ct2 import ct2_state_dict, load_ct2_config, read_model_bin
 from .vocab import WhisperTokenizer, generation_config_for, vocab_from
 
@@ -300,27 +300,32 @@ def default_draft(target_spec: str) -> str | None:
     return None
 
 
-def load_draft(spec: str, target: Whisper) -> Draft:
+def load_draft(spec: str, target: Whisper, int8: bool | None = None) -> Draft:
     """``layers:0,5`` (a truncated copy of the target), a decoder-only ``WhisperForCausalLM`` (shared
-    encoder; distil-Whisper and ``asr_spec distill`` output) or a full smaller Whisper (own encoder)."""
+    encoder; distil-Whisper and ``asr_spec distill`` output) or a full smaller Whisper (own encoder).
+    ``int8``: the draft decoder's linear layers in int8 (None: wherever the CPU kernels exist, i.e. a float32
+    target on a CPU). A draft's precision changes only how often it is accepted, never the text."""
     device, dtype = target.decoder.device, target.hf.dtype
+    if int8 is None:
+        int8 = int8_available(device, dtype)
     if spec.startswith("layers:"):
         layers = [int(i) for i in spec.split(":", 1)[1].split(",") if i.strip()]
         hf = truncated_draft(target, layers)
-        return Draft(StaticDecoder(hf.model.decoder, hf.proj_out.weight), None, spec, hf)
+        return Draft(StaticDecoder(hf.model.decoder, hf.proj_out.weight, int8=int8), None, spec, hf)
     path = resolve(spec)
     if (path / DRAFT_META).exists():
-        return load_distilled(path, target)
+        return load_distilled(path, target, int8)
     config = WhisperConfig.from_pretrained(path)
     arch = (config.architectures or ["WhisperForConditionalGeneration"])[0]
     if arch == "WhisperForCausalLM":
         hf = WhisperForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
         width = hf.model.decoder.layers[0].encoder_attn.k_proj.in_features
         _check(target, spec, config.vocab_size, path, width, None)
-        return Draft(StaticDecoder(hf.model.decoder, hf.proj_out.weight), None, spec, hf)
+        return Draft(StaticDecoder(hf.model.decoder, hf.proj_out.weight, int8=int8), None, spec, hf)
     hf = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
     _check(target, spec, config.vocab_size, path, None, config.num_mel_bins)
-    return Draft(StaticDecoder(hf.model.decoder, hf.proj_out.weight), AnyLengthEncoder(hf.model.encoder), spec, hf)
+    return Draft(StaticDecoder(hf.model.decoder, hf.proj_out.weight, int8=int8), AnyLengthEncoder(hf.model.encoder),
+                 spec, hf)
 
 
 def save_distilled(path: Path, decoder: nn.Module, head: torch.Tensor, head_ids: list[int] | None, meta: dict) -> None:
@@ -348,7 +353,7 @@ def distilled_decoder(target: Whisper, layers: int) -> WhisperForCausalLM:
     return draft
 
 
-def load_distilled(path: Path, target: Whisper) -> Draft:
+def load_distilled(path: Path, target: Whisper, int8: bool = False) -> Draft:
     from safetensors.torch import load_file
 
     meta = json.loads((path / DRAFT_META).read_text())
@@ -370,4 +375,4 @@ def load_distilled(path: Path, target: Whisper) -> Draft:
     # output layer; rows outside the shortlist are zero (logit 0) since a linear layer cannot say -inf
     full = head if head_ids is None else head.new_zeros(vocab, head.shape[1]).index_copy_(0, head_ids, head)
     draft.proj_out.weight = nn.Parameter(full, requires_grad=False)
-    return Draft(StaticDecoder(dec, head, head_ids), None, str(path), draft)
+    return Draft(StaticDecoder(dec, head, head_ids, int8=int8), None, str(path), draft)
