@@ -51,6 +51,13 @@ def load_audio(path: str | Path) -> np.ndarray:
         samples, rate = sf.read(str(p), dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, TypeError) as e:
         raise AudioError(p, f"cannot decode audio ({e})") from None
+    return checked_audio(p, samples, rate)
+
+
+def checked_audio(name: str | Path, samples: np.ndarray, rate: int) -> np.ndarray:
+    """Decoded ``samples`` [frames, channels] at ``rate`` -> 16 kHz mono, or :class:`AudioError` for audio with
+    nothing to transcribe (no frames, non-finite samples, silence)."""
+    p = Path(name)
     if samples.shape[0] == 0:
         raise AudioError(p, "contains no audio (zero length)")
     if bad := samples.size - np.count_nonzero(np.isfinite(samples)):

@@ -87,16 +87,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import torch
 
+    from .models.loader import offline_encoder
     from .server.app import Server, ServerConfig
+    from .server.openai_api import FileWorker
     from .streaming.engine import Engine, EngineConfig
     from .recognizer import Recognizer
+    from .transcribe import Transcriber
 
     if args.threads:
         torch.set_num_threads(args.threads)
     if (models := _load_models(args)) is None:
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    engine = Engine(Recognizer(*models), EngineConfig(max_batch=args.max_batch))
+    target, draft = models
+    engine = Engine(Recognizer(target, draft), EngineConfig(max_batch=args.max_batch))
+    # uploads get `asr_spec transcribe`'s defaults (float32 encoder), whatever precision streaming runs at
+    files = FileWorker(Transcriber(offline_encoder(target), draft), batch_size=args.file_batch)
     max_sessions = args.max_sessions or _real_time_sessions(args.torch_device)
     config = ServerConfig(host=args.host, port=args.port, max_sessions=max_sessions,
                           api_key=args.api_key or os.environ.get("ASR_SPEC_API_KEY") or None,
@@ -104,7 +110,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
         print("warning: listening beyond localhost without --api-key", file=sys.stderr)
     try:  # SIGINT/SIGTERM: sessions are closed with 1001, the inference thread joined, and the exit code is 0
-        asyncio.run(Server(engine, config).serve_forever(handle_signals=True))
+        asyncio.run(Server(engine, config, files).serve_forever(handle_signals=True))
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers are in place
         pass
     except OSError as e:
@@ -212,7 +218,9 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
                                 k=TranscribeOptions.k if args.k is None else args.k,
                                 draft_stop=TranscribeOptions.draft_stop if args.draft_stop is None else args.draft_stop,
                                 checks=Checks(temperature_ladder(args.temperature, not args.no_fallback), seed=args.seed),
-                                encoder_window=args.encoder_window, adaptive_k=not args.fixed_k, chunked=args.chunked)
+                                encoder_window=args.encoder_window, adaptive_k=not args.fixed_k, chunked=args.chunked,
+                                initial_prompt=args.initial_prompt or None,
+                                word_timestamps=args.word_timestamps or args.word_cues)
     transcriber = Transcriber(target, draft)
 
     def seconds(f: Path) -> float:
@@ -271,7 +279,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
             if out_dir is not None:
                 extra = {"file": str(f), "model": target.name, "draft": draft.name if draft else None}
                 try:
-                    write_outputs(result, stem, out_dir, formats, extra)
+                    write_outputs(result, stem, out_dir, formats, extra, args.word_cues)
                 except OSError as e:
                     failures += 1
                     bar.write(f"error: {f}: cannot write output: {e}", file=sys.stderr)
@@ -364,6 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--language", help="language code (default: detect)")
     t.add_argument("--task", choices=["transcribe", "translate"], default="transcribe")
     t.add_argument("--no-timestamps", action="store_true", help="decode without timestamps (one segment per window)")
+    t.add_argument("--initial-prompt", help="text the first window is conditioned on (names, spelling, style)")
+    t.add_argument("--word-timestamps", action="store_true",
+                   help="times for every word (Whisper's cross-attention alignment): 'words' in json; the text is the same")
+    t.add_argument("--word-cues", action="store_true", help="srt/vtt with one cue per word (implies --word-timestamps)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.add_argument("--chunked", action="store_true",
                    help="split each file at voice-activity pauses into <= 30 s pieces and decode them side by side "
@@ -385,6 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--api-key", help="require this bearer token (or ASR_SPEC_API_KEY)")
     v.add_argument("--step", type=float, default=1.0, help="re-decode a stream after this many seconds of new audio")
     v.add_argument("--max-batch", type=int, default=8, help="most streams decoded in one batch")
+    v.add_argument("--file-batch", type=int, default=4,
+                   help="uploads to /v1/audio/* decoded together (same options, waiting at the same time)")
     v.add_argument("--idle-timeout", type=float, default=60.0, help="close sessions silent for this many seconds")
     _model_args(v, encoder_dtype="auto")  # streaming re-runs the encoder often: latency first
     v.set_defaults(func=cmd_serve)

@@ -14,6 +14,7 @@ import torch
 from .audio import SAMPLE_RATE, AudioError
 from .decoding.speculative import RowResult, RowStats
 from .features import FRAMES_PER_SECOND, N_FRAMES, TOKEN_SECONDS, encoder_frames, log_mel, window
+from .alignment import Word, align
 from .recognizer import DRAFT_STOP, K, Checks, Recognizer, compression_ratio, nothing_said, pad_memories
 from .vad import speech_chunks
 
@@ -30,6 +31,8 @@ class TranscribeOptions:
     condition_on_previous_text: bool = True
     encoder_window: str = "full"  # "full": Whisper's padded 30 s window; "audio": only the window's audio (faster)
     chunked: bool = False  # decode a file's speech as independent <= 30 s pieces, batched, without prompts
+    initial_prompt: str | None = None  # text before the first window (Whisper's initial_prompt: names, spelling)
+    word_timestamps: bool = False  # words with times in each segment (the text is the same either way)
 
 
 @dataclass
@@ -42,6 +45,7 @@ class Segment:
     avg_logprob: float
     compression_ratio: float
     no_speech_prob: float
+    words: list[Word] | None = None  # with word_timestamps
 
 
 @dataclass
@@ -189,6 +193,7 @@ class Transcriber(Recognizer):
                     yield key, e
                     continue
                 pieces = speech_chunks(audio) if options.chunked else [(0, len(audio))]
+                prompt = self.target.tokenizer.encode(" " + options.initial_prompt.strip()) if options.initial_prompt else []
                 files[key] = _Pieces(len(audio) / SAMPLE_RATE, len(pieces))
                 if not pieces:  # chunked, and no speech at all
                     yield key, files.pop(key).transcript()
@@ -196,7 +201,7 @@ class Transcriber(Recognizer):
                     mel = log_mel(audio[a:b], self.target.n_mels)
                     queued.append(_File((key, n), a / SAMPLE_RATE, mel, mel.shape[1] - N_FRAMES,
                                         options.language if self.vocab.multilingual else None,
-                                        Stats(audio_seconds=(b - a) / SAMPLE_RATE)))
+                                        Stats(audio_seconds=(b - a) / SAMPLE_RATE), all_tokens=list(prompt)))
             if not active:
                 return
             self._encode(active, options)
@@ -249,13 +254,12 @@ class Transcriber(Recognizer):
             ragged = len(set(lengths)) > 1
             memories = (pad_memories([f.memory[0] for f in group]),
                         None if group[0].memory[1] is None else pad_memories([f.memory[1] for f in group]))
-            prompted = o.condition_on_previous_text and not o.chunked
-            requests = [replace(self.prompt(f.all_tokens[f.prompt_since:] if prompted else [],
-                                            f.language, o.task, o.timestamps),
+            requests = [replace(self.prompt(f.all_tokens[f.prompt_since:], f.language, o.task, o.timestamps),
                                 key=(f.seek, attempt),  # sampling noise keyed by window and attempt
                                 memory_length=n if ragged else None) for f, n in zip(group, lengths)]
             results = self.decode(memories, requests, c.temperatures[attempt], o.timestamps, k=o.k,
-                                  draft_stop=o.draft_stop, seed=c.seed, use_draft=use_draft, adaptive_k=o.adaptive_k)
+                                  draft_stop=o.draft_stop, seed=c.seed, use_draft=use_draft, adaptive_k=o.adaptive_k,
+                                  keep_cross=o.word_timestamps)
             share = (time.perf_counter() - t0) / len(group)
             for f, result in zip(group, results):
                 f.stats.decode_seconds += share
@@ -282,12 +286,39 @@ class Transcriber(Recognizer):
         else:
             new, advance = self._segments(result, f.offset + f.seek / FRAMES_PER_SECOND, size, temperature,
                                           f.offset + f.stats.audio_seconds)
+            if o.word_timestamps:
+                self._add_words(f, new, size, o, result)
             f.segments.extend(new)
             f.all_tokens.extend(result.tokens)
             f.seek += max(advance, 1)
-            if not o.condition_on_previous_text or temperature > 0.5:
+            if not o.condition_on_previous_text or o.chunked or temperature > 0.5:
                 f.prompt_since = len(f.all_tokens)
         f.attempt, f.frames, f.memory = 0, 0, None
+
+    def _add_words(self, f: _File, segments: list[Segment], size: int, o: TranscribeOptions, r: RowResult) -> None:
+        """Word timestamps for a window's segments (timed as decoding). As in openai/whisper, a segment's start and
+        end move to its first and last word's, unless that word looks stretched over a pause (then the word is cut
+        back to the segment's timestamp instead); so words always lie inside their segment."""
+        t0 = time.perf_counter()
+        start = f.offset + f.seek / FRAMES_PER_SECOND
+        aligned = align(self.target, f.memory[0], size, f.language, o.task, [s.tokens for s in segments], r.cross)
+        durations = [w.end - w.start for words in aligned for w in words if w.end > w.start]
+        median = min(0.7, float(np.median(durations))) if durations else 0.0
+        for segment, words in zip(segments, aligned):
+            for w in words:
+                w.start, w.end = round(start + w.start, 3), round(start + w.end, 3)
+            if words:
+                first, last = words[0], words[-1]
+                if segment.start < first.end and segment.start - 0.5 > first.start:
+                    first.start = max(0.0, min(first.end - median, segment.start))
+                else:
+                    segment.start = first.start
+                if segment.end > last.start and segment.end + 0.5 < last.end:
+                    last.end = max(last.start + median, segment.end)
+                else:
+                    segment.end = last.end
+            segment.words = words
+        f.stats.decode_seconds += time.perf_counter() - t0
 
     def _segments(self, r: RowResult, offset: float, size: int, temperature: float,
                   duration_limit: float) -> tuple[list[Segment], int]:

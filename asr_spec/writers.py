@@ -6,7 +6,7 @@ import os
 import secrets
 from pathlib import Path
 
-from .transcribe import Transcript
+from .transcribe import Segment, Transcript
 
 FORMATS = ("txt", "srt", "vtt", "json")
 
@@ -23,15 +23,31 @@ def to_txt(t: Transcript) -> str:
     return t.text + "\n"
 
 
-def to_srt(t: Transcript) -> str:
-    blocks = [f"{i}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{s.text.strip()}\n"
-              for i, s in enumerate(t.segments, 1)]
+def cues(t: Transcript, words: bool = False) -> list[tuple[float, float, str]]:
+    """(start, end, text) of each subtitle cue: a segment, or with ``words`` a word (segments without word times
+    stay whole)."""
+    out = []
+    for s in t.segments:
+        if words and s.words:
+            out += [(w.start, w.end, w.word.strip()) for w in s.words]
+        else:
+            out.append((s.start, s.end, s.text.strip()))
+    return out
+
+
+def to_srt(t: Transcript, words: bool = False) -> str:
+    blocks = [f"{i}\n{_clock(a, ',')} --> {_clock(b, ',')}\n{text}\n" for i, (a, b, text) in enumerate(cues(t, words), 1)]
     return "\n".join(blocks)
 
 
-def to_vtt(t: Transcript) -> str:
-    blocks = [f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n{s.text.strip()}\n" for s in t.segments]
+def to_vtt(t: Transcript, words: bool = False) -> str:
+    blocks = [f"{_clock(a, '.')} --> {_clock(b, '.')}\n{text}\n" for a, b, text in cues(t, words)]
     return "WEBVTT\n\n" + "\n".join(blocks)
+
+
+def word_dicts(segment: Segment) -> list[dict]:
+    return [{"word": w.word.strip(), "start": w.start, "end": w.end, "probability": round(w.probability, 4)}
+            for w in segment.words or ()]
 
 
 def to_json(t: Transcript, extra: dict | None = None) -> str:
@@ -39,15 +55,18 @@ def to_json(t: Transcript, extra: dict | None = None) -> str:
         "text": t.text,
         "language": t.language,
         "segments": [{"start": s.start, "end": s.end, "text": s.text.strip(), "avg_logprob": round(s.avg_logprob, 4),
-                      "no_speech_prob": round(s.no_speech_prob, 4), "temperature": s.temperature} for s in t.segments],
+                      "no_speech_prob": round(s.no_speech_prob, 4), "temperature": s.temperature,
+                      **({"words": word_dicts(s)} if s.words is not None else {})} for s in t.segments],
         "statistics": t.stats.as_dict(),
         **(extra or {}),
     }
     return json.dumps(doc, ensure_ascii=False, indent=2) + "\n"
 
 
-def render(t: Transcript, fmt: str, extra: dict | None = None) -> str:
-    return to_json(t, extra) if fmt == "json" else {"txt": to_txt, "srt": to_srt, "vtt": to_vtt}[fmt](t)
+def render(t: Transcript, fmt: str, extra: dict | None = None, word_cues: bool = False) -> str:
+    if fmt == "json":
+        return to_json(t, extra)
+    return to_txt(t) if fmt == "txt" else {"srt": to_srt, "vtt": to_vtt}[fmt](t, word_cues)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -64,10 +83,11 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_outputs(t: Transcript, stem: str, out_dir: Path, formats: list[str], extra: dict | None = None) -> list[Path]:
+def write_outputs(t: Transcript, stem: str, out_dir: Path, formats: list[str], extra: dict | None = None,
+                  word_cues: bool = False) -> list[Path]:
     paths = []
     for fmt in formats:
         path = out_dir / f"{stem}.{fmt}"
-        write_atomic(path, render(t, fmt, extra))
+        write_atomic(path, render(t, fmt, extra, word_cues))
         paths.append(path)
     return paths

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from .costs import CostModel, wall_clock
-from ..models.kv_decoder import StaticDecoder
+from ..models.kv_decoder import CrossKV, StaticDecoder
 from .logits import LogitRules
 from .sampling import GREEDY, Sampler
 
@@ -32,6 +32,7 @@ class DecodeOptions:
     sampler: Sampler = GREEDY
     k: int = 0  # most drafted tokens per pass (0: the target alone)
     stop_below: float = 0.0  # a pass stops drafting once the draft believes every live row's proposal less than this
+    keep_cross: bool = False  # each result keeps its row's cross-attention keys and values (word timestamps)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class RowResult:
     sum_logprob: float  # target log-probabilities of every sampled token (end-of-text included)
     no_speech_prob: float
     stats: RowStats
+    cross: CrossKV | None = None  # with DecodeOptions.keep_cross
 
     @property
     def avg_logprob(self) -> float:
@@ -113,6 +115,7 @@ class DecodingTask:
         if any(r.memory_length is not None for r in requests):
             lengths = [memories[0].shape[1] if r.memory_length is None else r.memory_length for r in requests]
         self.t_cache = self.target.new_cache(memories[0], capacity, lengths)
+        self.cross = (self.t_cache.cross_k, self.t_cache.cross_v, lengths) if o.keep_cross else None
         # the draft's cache is built on its first pass: a decode whose passes are all measured to pay best without
         # the draft (K = 0) costs what target-only decoding does
         self.d_cache = None
@@ -285,7 +288,8 @@ class DecodingTask:
             r = self.live[i]
             tokens = self.sampled[r][:-1] if ended else list(self.sampled[r])
             self.stats[r].tokens = len(tokens)
-            self.results[r] = RowResult(tokens, self.sum_logprob[r], self.no_speech_prob[r], self.stats[r])
+            self.results[r] = RowResult(tokens, self.sum_logprob[r], self.no_speech_prob[r], self.stats[r],
+                                        self._cross_of(r))
         gone = {i for i, _ in done}
         keep = [i for i in range(len(self.live)) if i not in gone]
         idx = torch.tensor(keep, dtype=torch.long, device=self.dev)
@@ -294,6 +298,14 @@ class DecodingTask:
         self.t_cache = self.t_cache.select(idx)
         if self.d_cache is not None:
             self.d_cache = self.d_cache.select(idx)
+
+
+    def _cross_of(self, r: int) -> CrossKV | None:
+        if self.cross is None:
+            return None
+        ks, vs, lengths = self.cross
+        end = lengths[r] if lengths else ks[0].shape[2]
+        return [k[r:r + 1, :, :end] for k in ks], [v[r:r + 1, :, :end] for v in vs]
 
 
 @torch.inference_mode()

@@ -108,6 +108,9 @@ def int8_available(device: torch.device, dtype: torch.dtype) -> bool:
 Linear = Callable[..., Callable[[torch.Tensor], torch.Tensor]]  # (weight, bias=None) -> layer: Dense or Int8
 
 
+CrossKV = tuple[list[torch.Tensor], list[torch.Tensor]]  # per layer cross-attention keys, values [B, H, S, Dh]
+
+
 class _Layer:
     """Weights of one decoder layer, with the self-attention q, k, v projections fused."""
 
@@ -155,16 +158,18 @@ class StaticDecoder:
         return self.head_w.device
 
     @torch.inference_mode()
-    def new_cache(self, encoder_out: torch.Tensor, capacity: int, lengths: list[int] | None = None) -> KVCache:
+    def new_cache(self, encoder_out: torch.Tensor, capacity: int, lengths: list[int] | None = None,
+                  cross: CrossKV | None = None) -> KVCache:
         """Caches for a batch of encoder outputs [B, S, D]; with ``lengths`` row b attends only to its first
-        ``lengths[b]`` encoder positions (memories of different lengths padded to S)."""
+        ``lengths[b]`` encoder positions (memories of different lengths padded to S). ``cross``: the
+        cross-attention keys and values of ``encoder_out`` computed before (a decode's, kept)."""
         b = encoder_out.shape[0]
         cross_k, cross_v, self_k, self_v = [], [], [], []
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             h, dh = layer.heads, layer.ca.k_proj.out_features // layer.heads
             split = lambda t: t.view(b, -1, h, dh).transpose(1, 2).contiguous()  # noqa: E731
-            cross_k.append(split(layer.ca.k_proj(encoder_out)))
-            cross_v.append(split(layer.ca.v_proj(encoder_out)))
+            cross_k.append(cross[0][i] if cross else split(layer.ca.k_proj(encoder_out)))
+            cross_v.append(cross[1][i] if cross else split(layer.ca.v_proj(encoder_out)))
             empty = encoder_out.new_zeros(b, h, capacity, dh)
             self_k.append(empty)
             self_v.append(empty.clone())
@@ -176,9 +181,11 @@ class StaticDecoder:
 
     @torch.inference_mode()
     def __call__(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
-                 logits_at: torch.Tensor | None = None, shortlist: bool = False) -> torch.Tensor:
+                 logits_at: torch.Tensor | None = None, shortlist: bool = False,
+                 cross_scores: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """Feed ``tokens`` [B, T] at ``positions`` [B, T]; return logits [B, T', V] at the time
-        indices ``logits_at`` [B, T'] (all T when None)."""
+        indices ``logits_at`` [B, T'] (all T when None). ``cross_scores`` {layer: None, ...} is filled with
+        those layers' cross-attention scores before the softmax [B, H, T, S] (word timestamps)."""
         b, t = tokens.shape
         dec = self.decoder
         pos = positions.clamp(max=self.max_positions - 1)
@@ -196,6 +203,8 @@ class StaticDecoder:
                                                attn_mask=mask, scale=1.0)
             x = x + layer.sa_out(a.transpose(1, 2).reshape(b, t, -1))
             q = (layer.ca_q(layer.ln2(x)) * layer.scaling).view(b, t, h, -1).transpose(1, 2)
+            if cross_scores is not None and i in cross_scores:
+                cross_scores[i] = q @ cache.cross_k[i].transpose(-1, -2)
             a = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], attn_mask=cache.cross_mask,
                                                scale=1.0)
             x = x + layer.ca_out(a.transpose(1, 2).reshape(b, t, -1))

@@ -220,6 +220,15 @@ def with_encoder_dtype(target: Whisper, dtype: str) -> Whisper:
                    name=f"{target.name} (encoder {dtype})")
 
 
+def offline_encoder(target: Whisper) -> Whisper:
+    """``target`` with its encoder in its own precision (float32 for the shipped models): what ``transcribe``
+    uses by default, for a server whose streams run a bfloat16 encoder."""
+    enc = target.encoder
+    if isinstance(enc, AnyLengthEncoder) and enc.dtype is not None:
+        return replace(target, encoder=AnyLengthEncoder(target.hf.model.encoder), name=target.name.split(" (encoder")[0])
+    return target
+
+
 @dataclass
 class Draft:
     """A draft decoder. ``encoder`` is None when it reads the target's encoder output (shared)."""

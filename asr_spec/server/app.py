@@ -2,7 +2,8 @@
 
 One :class:`~asr_spec.streaming.engine.Engine` (one model) serves every session. Its inference thread
 decodes whichever streams are due, batched, off the event loop; events go back to each session's
-queue. HTTP on the same port: ``/healthz``, ``/metrics`` and the browser page at ``/``.
+queue. HTTP on the same port: ``/healthz``, ``/metrics``, the browser page at ``/`` and the
+OpenAI-compatible ``POST /v1/audio/transcriptions`` and ``/v1/audio/translations`` (openai_api.py).
 """
 from __future__ import annotations
 
@@ -25,10 +26,13 @@ from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 from websockets.http11 import Request, Response
 
+from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
 from ..audio import SAMPLE_RATE
 from ..decoding.speculative import acceptance
 from ..streaming.engine import Engine
 from ..streaming.stream import StreamConfig
+from .openai_api import MAX_UPLOAD_BYTES, PATHS, ApiError, FileWorker, parse_form, parse_upload, render
 from .protocol import AudioDecoder, ProtocolError, parse_message, parse_start
 
 log = logging.getLogger("asr_spec.serve")
@@ -37,6 +41,10 @@ FLUSH_TIMEOUT_S = 120.0
 SHUTDOWN_CLOSE_S = 3.0  # on SIGINT/SIGTERM, sessions get this long to complete the closing handshake (1001)
 SHUTDOWN_JOIN_S = 30.0  # and the inference thread this long to finish the decode it is running
 HTTP_METHODS = ("GET", "HEAD")
+HEAD_TIMEOUT_S = 10.0  # a connection must send a complete request head within this (WebSocket or HTTP)
+UPLOAD_TIMEOUT_S = 120.0  # an API request's body must have arrived within this
+MAX_HEAD_BYTES = 64 * 1024
+DRAIN_FACTOR = 4  # a body up to this many times the limit is read (and dropped) before its 413 is sent
 RATE_WINDOW_S = 30.0
 RECEIVE_BUFFER_BYTES = 64 * 1024  # about 2 s of 16 kHz 16-bit audio
 
@@ -128,13 +136,97 @@ class Metrics:
                 "uptime_seconds": round(time.time() - self.started, 1)}
 
 
+class _Body:
+    """An HTTP request body, held beside websockets (whose parser refuses bodies). Bodies up to ``keep`` bytes are
+    kept; a larger one is read and dropped (so that its client reads the 413 instead of a reset)."""
+
+    def __init__(self, length: int | None, keep: int):
+        self.length, self.keep = length, keep
+        self.data = bytearray()
+        self.received = 0
+        self.complete = asyncio.Event()
+        if not length:
+            self.complete.set()
+
+    def feed(self, data: bytes) -> None:
+        if self.length is None or self.complete.is_set():
+            return
+        data = data[:self.length - self.received]
+        self.received += len(data)
+        if self.length <= self.keep:
+            self.data += data
+        if self.received >= self.length:
+            self.complete.set()
+
+
+class HttpConnection(ServerConnection):
+    """websockets' connection, which also takes HTTP requests with a body (the OpenAI-compatible POSTs): the body
+    is taken off here and websockets sees the request head without it. Any request head must be complete within
+    ``HEAD_TIMEOUT_S`` (websockets' own open timeout is off: an API request's handshake lasts its transcription)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._head: bytearray | None = bytearray()  # None once the head has been passed on
+        self._timer: asyncio.TimerHandle | None = None
+        self.body: _Body | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._timer = self.loop.call_later(HEAD_TIMEOUT_S, self._head_timeout)
+
+    def _head_timeout(self) -> None:
+        if self._head is not None and self.transport is not None:
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.body is not None:
+            self.body.feed(data)
+            return
+        if self._head is None:
+            super().data_received(data)
+            return
+        self._head += data
+        end = self._head.find(b"\r\n\r\n")
+        if end < 0 and len(self._head) <= MAX_HEAD_BYTES:
+            return
+        head, self._head = bytes(self._head), None
+        if self._timer is not None:
+            self._timer.cancel()
+        if end < 0 or not head.startswith(b"POST "):
+            super().data_received(head)  # websockets answers (or refuses) it
+            return
+        kept, length, expect = [], None, False
+        for line in head[:end].split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            name, value = name.strip().lower(), value.strip()
+            if name == b"content-length":
+                length = int(value) if value.isdigit() and length in (None, int(value)) else -1
+            elif name == b"transfer-encoding":
+                length = -1  # chunked uploads are refused (411): every HTTP client here sends a length
+            elif name == b"expect":
+                expect = value.lower() == b"100-continue"
+            else:
+                kept.append(line)
+        self.body = _Body(length if length is not None and length >= 0 else None, MAX_UPLOAD_BYTES + MAX_HEAD_BYTES)
+        if expect and self.body.length is not None and self.body.length <= self.body.keep:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        super().data_received(b"\r\n".join(kept) + b"\r\n\r\n")
+        self.body.feed(head[end + 4:])
+
+
 class Server:
-    def __init__(self, engine: Engine, config: ServerConfig = ServerConfig()):
-        self.engine, self.config = engine, config
+    def __init__(self, engine: Engine, config: ServerConfig = ServerConfig(), files: FileWorker | None = None):
+        self.engine, self.config, self.files = engine, config, files
         self.sessions: dict[int, "Session"] = {}  # started sessions by stream id
         self.connections = 0
         self.metrics = Metrics()
         self.languages = set(engine.transcriber.vocab.languages) or None
+        self.language_names = {code: LANGUAGES.get(code, code) for code in self.languages} if self.languages else None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -165,12 +257,16 @@ class Server:
         self._wake.set()
 
     # --- HTTP -----------------------------------------------------------------------------------------
-    def _http(self, connection: ServerConnection, request: Request) -> Response | None:
-        """Answer plain HTTP requests (None: go on with the WebSocket handshake). Only GET and HEAD are served
-        (405 otherwise); a HEAD gets the GET response's status and headers without its body."""
+    def _http(self, connection: ServerConnection, request: Request):
+        """Answer plain HTTP requests (None: go on with the WebSocket handshake). GET and HEAD are served, and POST
+        on the OpenAI-compatible paths (a coroutine: websockets awaits it); 405 otherwise. A HEAD gets the GET
+        response's status and headers without its body."""
+        path = request.path.split("?", 1)[0]
+        if request.method == "POST" and path in PATHS:
+            return self._api(connection, request, PATHS[path])
         if request.method not in HTTP_METHODS:
             response = connection.respond(HTTPStatus.METHOD_NOT_ALLOWED, f"{HTTPStatus.METHOD_NOT_ALLOWED.phrase}: "
-                                          f"use {' or '.join(HTTP_METHODS)}\n")
+                                          f"use {' or '.join(HTTP_METHODS)} (POST on {' and '.join(PATHS)})\n")
             response.headers["Allow"] = ", ".join(HTTP_METHODS)
             return response
         response = self._route(connection, request)
@@ -197,6 +293,44 @@ class Server:
         if self.config.api_key and not self._authorized(request):
             return _unauthorized(connection)
         return None
+
+    async def _api(self, connection: ServerConnection, request: Request, task: str) -> Response:
+        """One OpenAI-compatible request: the uploaded file transcribed by the file worker, in the requested
+        format; every refusal in OpenAI's error shape."""
+        try:
+            if self.config.api_key and not self._authorized(request):
+                raise ApiError(HTTPStatus.UNAUTHORIZED, "missing or wrong API key (Authorization: Bearer KEY)",
+                               code="invalid_api_key")
+            if self.files is None:
+                raise ApiError(HTTPStatus.NOT_FOUND, "this server does not transcribe files", code="not_found")
+            body = getattr(connection, "body", None)
+            if body is None or body.length is None:
+                raise ApiError(HTTPStatus.LENGTH_REQUIRED, "send the form with a Content-Length (no chunked uploads)")
+            too_large = ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the request is larger than {body.keep} bytes "
+                                 f"(files up to {MAX_UPLOAD_BYTES} bytes)", param="file")
+            if body.length > DRAIN_FACTOR * body.keep:
+                raise too_large  # at once: the client may see the connection closed before it reads this
+            try:
+                await asyncio.wait_for(body.complete.wait(), UPLOAD_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                raise ApiError(HTTPStatus.REQUEST_TIMEOUT, f"the request body did not arrive within "
+                               f"{UPLOAD_TIMEOUT_S:g} s") from None
+            if body.length > body.keep:
+                raise too_large  # read and dropped, so that the client reads this answer
+            fields, files = parse_form(request.headers.get("Content-Type", ""), bytes(body.data))
+            upload = await asyncio.to_thread(parse_upload, task, fields, files, self.language_names)
+            transcript = await asyncio.wrap_future(self.files.submit(upload))
+            return _respond(HTTPStatus.OK, *reversed(render(upload, transcript, self.language_names or {})))
+        except ApiError as e:
+            response = _respond(e.status, e.body(), "application/json")
+            if e.status == HTTPStatus.UNAUTHORIZED:
+                response.headers["WWW-Authenticate"] = "Bearer"
+            return response
+        except Exception as e:  # noqa: BLE001 - the client gets a 500, the server goes on
+            log.exception("transcription request failed")
+            return _respond(HTTPStatus.INTERNAL_SERVER_ERROR,
+                            ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {type(e).__name__}").body(),
+                            "application/json")
 
     def _authorized(self, request: Request) -> bool:
         key = self.config.api_key or ""
@@ -244,8 +378,9 @@ class Server:
         c = self.config
         server = None
         try:
-            server = await serve(self._handle, c.host, c.port, process_request=self._http,
-                                 max_size=c.max_message_bytes, ping_interval=c.ping_interval_s, ping_timeout=None)
+            server = await serve(self._handle, c.host, c.port, process_request=self._http, create_connection=HttpConnection,
+                                 open_timeout=None, max_size=c.max_message_bytes, ping_interval=c.ping_interval_s,
+                                 ping_timeout=None)
             if handle_signals:
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     self.loop.add_signal_handler(sig, self._on_signal, sig)
@@ -260,6 +395,8 @@ class Server:
                 await self._close(server)
             self._stop.set()
             self._wake.set()
+            if self.files is not None:
+                self.files.stop()
             worker.join(timeout=SHUTDOWN_JOIN_S)
             if worker.is_alive():
                 log.warning("the inference thread is still decoding after %g s; exiting without it", SHUTDOWN_JOIN_S)
