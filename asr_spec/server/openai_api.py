@@ -90,7 +90,7 @@ def parse_form(content_type: str, body: bytes) -> tuple[dict[str, list[str]], di
 def parse_upload(task: str, fields: dict[str, list[str]], files: dict[str, tuple[str, bytes]],
                  languages: dict[str, str] | None) -> Upload:
     """Validate OpenAI's form fields (``languages``: code -> name, None for an English-only model)."""
-    unknown = sorted(set(fields) | set(files) - _FIELDS)
+    unknown = sorted((set(fields) | set(files)) - _FIELDS)
     if unknown:
         raise ApiError(HTTPStatus.BAD_REQUEST, f"unknown field(s): {', '.join(unknown[:5])}", param=unknown[0],
                        code="unknown_parameter")
