@@ -22,7 +22,7 @@ from asr_spec.transcribe import TranscribeOptions, Transcriber
 pytestmark = pytest.mark.slow  # a real server and real weights
 
 KEY = "test-key"
-FILES = ["jfk-inaugural-1961-ask-not.wav", "LJ001-0001.wav"]
+FILES = ["jfk-inaugural-1961-ask-not.wav", "LJ001-0001.wav", "LJ001-0004.wav"]
 
 
 @pytest.fixture(scope="module")
