@@ -40,16 +40,17 @@ def _unique_stems(natural: list[str]) -> list[str]:
     return stems
 
 
+def _draft_spec(args: argparse.Namespace) -> str | None:
+    return None if args.no_draft else args.draft
+
+
 def _load_models(args: argparse.Namespace):
     """(target, draft or None) from --model/--draft/--no-draft/--device, or None after printing the error."""
-    from .models.loader import ModelError, default_draft, load_draft, load_target, resolve_encoder_dtype, with_encoder_dtype
+    from .models.loader import ModelError, load_models
 
     t0 = time.perf_counter()
     try:
-        dtype = resolve_encoder_dtype(args.encoder_dtype, args.torch_device)
-        target = with_encoder_dtype(load_target(args.model, device=args.torch_device), dtype)
-        draft_spec = default_draft(args.model) if args.draft == DEFAULT_DRAFT else args.draft
-        draft = None if (args.no_draft or draft_spec is None) else load_draft(draft_spec, target)
+        target, draft = load_models(args.model, _draft_spec(args), args.torch_device, args.encoder_dtype)
     except ModelError as e:
         print(f"error: {e}", file=sys.stderr)
         return None
@@ -67,7 +68,7 @@ def _model_args(p: argparse.ArgumentParser, device_flag: str = "--device", encod
     p.add_argument("--encoder-dtype", choices=["float32", "bfloat16", "auto"], default=encoder_dtype,
                    help="encoder precision: bfloat16 is about 2x faster on CPUs with AVX512-BF16 (slightly different "
                    f"output); auto = bfloat16 where the device computes it natively (default {encoder_dtype})")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice; with --ray: per worker, default 1)")
 
 
 def _real_time_sessions(device: str | None) -> int:
@@ -188,15 +189,35 @@ def _default_batch(device: str) -> int:
     return 16 if device.startswith("cuda") else 8
 
 
-def cmd_transcribe(args: argparse.Namespace) -> int:
+def _options(args: argparse.Namespace):
+    from .recognizer import Checks, temperature_ladder
+    from .transcribe import TranscribeOptions
+
+    return TranscribeOptions(language=args.language, task=args.task, timestamps=not args.no_timestamps,
+                             k=TranscribeOptions.k if args.k is None else args.k,
+                             draft_stop=TranscribeOptions.draft_stop if args.draft_stop is None else args.draft_stop,
+                             checks=Checks(temperature_ladder(args.temperature, not args.no_fallback), seed=args.seed),
+                             encoder_window=args.encoder_window, adaptive_k=not args.fixed_k, chunked=args.chunked,
+                             initial_prompt=args.initial_prompt or None,
+                             word_timestamps=args.word_timestamps or args.word_cues)
+
+
+def _audio_seconds(f: Path) -> float:
     import soundfile as sf
+
+    if not f.is_file():  # a FIFO or device could block: load_audio refuses it without opening it
+        return 0.0
+    try:
+        return sf.info(str(f)).duration
+    except Exception:  # noqa: BLE001 - reported properly when the file is loaded
+        return 0.0
+
+
+def cmd_transcribe(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from .audio import AudioError, load_audio
-    from .recognizer import Checks, temperature_ladder
-    from .transcribe import TranscribeOptions, Transcriber
-    from .writers import FORMATS, write_outputs
+    from .writers import FORMATS
 
     files = [Path(f) for f in args.files] + ([SAMPLE] if args.sample else [])
     if not files:
@@ -211,31 +232,11 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    if (models := _load_models(args)) is None:
-        return 1
-    target, draft = models
-    options = TranscribeOptions(language=args.language, task=args.task, timestamps=not args.no_timestamps,
-                                k=TranscribeOptions.k if args.k is None else args.k,
-                                draft_stop=TranscribeOptions.draft_stop if args.draft_stop is None else args.draft_stop,
-                                checks=Checks(temperature_ladder(args.temperature, not args.no_fallback), seed=args.seed),
-                                encoder_window=args.encoder_window, adaptive_k=not args.fixed_k, chunked=args.chunked,
-                                initial_prompt=args.initial_prompt or None,
-                                word_timestamps=args.word_timestamps or args.word_cues)
-    transcriber = Transcriber(target, draft)
-
-    def seconds(f: Path) -> float:
-        if not f.is_file():  # a FIFO or device could block: load_audio refuses it without opening it
-            return 0.0
-        try:
-            return sf.info(str(f)).duration
-        except Exception:  # noqa: BLE001 - reported properly when the file is loaded
-            return 0.0
-
     natural = ["sample" if f == SAMPLE else f.stem for f in files]
     stems = _unique_stems(natural)
     batch_size = args.batch_size or _default_batch(args.torch_device)
     failures, finished = 0, 0
-    lengths = [seconds(f) for f in files]
+    lengths = [_audio_seconds(f) for f in files]
     done: dict[int, float] = {}  # audio seconds transcribed, by input
     bar = tqdm(total=round(sum(lengths), 1), unit="s", unit_scale=True, file=sys.stderr,
                disable=args.quiet or None, bar_format="{desc} {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s audio [{elapsed}<{remaining}]")
@@ -244,7 +245,61 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         done[i] = seconds_done
         bar.update(sum(done.values()) - bar.n)
 
+    def report(i: int, text: str | None, error: str, st: dict, wall: float, where: str) -> bool:
+        """One finished file: its line, its text; False if it failed (``error``: unreadable audio)."""
+        nonlocal finished
+        finished += 1
+        bar.set_description(f"[{finished}/{len(files)} files]")
+        progress(i, lengths[i])
+        if text is None:
+            bar.write(f"error: {error}", file=sys.stderr)
+            return False
+        f, name, stem = files[i], natural[i], stems[i]
+        bar.write(f"{f}: {st['audio_seconds']:.1f} s audio in {wall:.2f} s (RTF {wall / max(st['audio_seconds'], 1e-9):.3f}"
+                  + (f", {batch_size} files in flight" if batch_size > 1 and len(files) > 1 else "") + where
+                  + f"; encoder {st['encoder_seconds']:.2f} s, decode {st['decode_seconds']:.2f} s), "
+                  f"{st['tokens']} tokens, {st['target_passes']} target passes"
+                  + (f", acceptance {st['acceptance']:.0%}, {st['tokens_per_pass']:.2f} tokens/pass" if st["drafted"] else "")
+                  + (f"; written as {out_dir / stem}.* ({name} is taken by an earlier input)"
+                     if out_dir is not None and stem != name else ""),
+                  file=sys.stderr)
+        print(text if len(files) == 1 else f"{f}: {text}", flush=True)
+        return True
+
+    bar.set_description(f"[0/{len(files)} files]")
+    try:
+        if args.ray is not None:
+            failures = _transcribe_on_ray(args, files, stems, out_dir, formats, batch_size, bar, report)
+        else:
+            failures = _transcribe_here(args, files, stems, out_dir, formats, batch_size, progress, bar, report)
+    except KeyboardInterrupt:
+        bar.close()
+        if args.ray is not None and out_dir is not None:
+            from .scaleout import remove_partials
+
+            remove_partials(out_dir, stems, formats)
+        print("interrupted: no partial output files were left", file=sys.stderr)
+        return 130
+    bar.close()
+    if failures is None:
+        return 1
+    if failures:
+        print(f"{failures} of {len(files)} file(s) failed", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def _transcribe_here(args, files, stems, out_dir, formats, batch_size, progress, bar, report) -> int | None:
+    """This process, ``batch_size`` files in flight; the number of failed files (None: no models)."""
+    from .audio import AudioError, load_audio
+    from .transcribe import Transcriber
+    from .writers import write_outputs
+
+    if (models := _load_models(args)) is None:
+        return None
+    target, draft = models
+    options, transcriber = _options(args), Transcriber(target, draft)
     started = [0.0] * len(files)
+    failures = 0
 
     def loader(i: int):
         def load():
@@ -252,45 +307,47 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
             return load_audio(files[i])
         return load
 
-    bar.set_description(f"[0/{len(files)} files]")
-    try:
-        for i, result in transcriber.transcribe_many([(i, loader(i)) for i in range(len(files))], options,
-                                                     batch_size, progress=progress):
-            f = files[i]
-            finished += 1
-            bar.set_description(f"[{finished}/{len(files)} files]")
-            progress(i, lengths[i])
-            if isinstance(result, AudioError):
+    for i, result in transcriber.transcribe_many([(i, loader(i)) for i in range(len(files))], options,
+                                                 batch_size, progress=progress):
+        if isinstance(result, AudioError):
+            failures += not report(i, None, str(result), {}, 0.0, "")
+            continue
+        report(i, result.text, "", result.stats.as_dict(), time.perf_counter() - started[i], "")
+        if out_dir is not None:
+            extra = {"file": str(files[i]), "model": target.name, "draft": draft.name if draft else None}
+            try:
+                write_outputs(result, stems[i], out_dir, formats, extra, args.word_cues)
+            except OSError as e:
                 failures += 1
-                bar.write(f"error: {result}", file=sys.stderr)
-                continue
-            wall = time.perf_counter() - started[i]
-            name, stem = natural[i], stems[i]
-            st = result.stats.as_dict()
-            bar.write(f"{f}: {st['audio_seconds']:.1f} s audio in {wall:.2f} s (RTF {wall / max(st['audio_seconds'], 1e-9):.3f}"
-                      + (f", {batch_size} files in flight" if batch_size > 1 and len(files) > 1 else "")
-                      + f"; encoder {st['encoder_seconds']:.2f} s, decode {st['decode_seconds']:.2f} s), "
-                      f"{st['tokens']} tokens, {st['target_passes']} target passes"
-                      + (f", acceptance {st['acceptance']:.0%}, {st['tokens_per_pass']:.2f} tokens/pass" if draft else "")
-                      + (f"; written as {out_dir / stem}.* ({name} is taken by an earlier input)"
-                         if out_dir is not None and stem != name else ""),
-                      file=sys.stderr)
-            print(result.text if len(files) == 1 else f"{f}: {result.text}", flush=True)
-            if out_dir is not None:
-                extra = {"file": str(f), "model": target.name, "draft": draft.name if draft else None}
-                try:
-                    write_outputs(result, stem, out_dir, formats, extra, args.word_cues)
-                except OSError as e:
-                    failures += 1
-                    bar.write(f"error: {f}: cannot write output: {e}", file=sys.stderr)
-    except KeyboardInterrupt:
-        bar.close()
-        print("interrupted: no partial output files were left", file=sys.stderr)
-        return 130
-    bar.close()
-    if failures:
-        print(f"{failures} of {len(files)} file(s) failed", file=sys.stderr)
-    return 1 if failures else 0
+                bar.write(f"error: {files[i]}: cannot write output: {e}", file=sys.stderr)
+    return failures
+
+
+def _transcribe_on_ray(args, files, stems, out_dir, formats, batch_size, bar, report) -> int | None:
+    """A Ray Data pipeline (asr_spec.scaleout); the number of failed files (None: no Ray)."""
+    try:
+        from .scaleout import Job, RayUnavailable, connect, default_workers, run
+    except ImportError as e:  # numpy etc. are there; only ray can be missing, and scaleout imports it lazily
+        print(f"error: {e}", file=sys.stderr)
+        return None
+    job = Job(args.model, _draft_spec(args), args.torch_device, args.encoder_dtype, _options(args), batch_size,
+              args.threads or 1, None if out_dir is None else str(out_dir.resolve()), tuple(formats), args.word_cues)
+    try:
+        resources = connect(None if args.ray == "local" else args.ray)
+    except RayUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+    workers = args.workers or default_workers(resources, job)
+    print(f"ray: {workers} worker(s) x {job.threads} thread(s), {batch_size} files in flight each; cluster "
+          f"{resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs", file=sys.stderr)
+    failures = 0
+    for r in run(job, [str(f) for f in files], stems, workers):
+        ok = report(r.index, r.text if not r.error else None, r.error, r.stats, r.seconds, f", on {r.worker}")
+        failures += not ok
+        if ok and r.write_error:
+            failures += 1
+            bar.write(f"error: {files[r.index]}: {r.write_error}", file=sys.stderr)
+    return failures
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -383,6 +440,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-size", type=int, default=0,
                    help="files decoded together, each in Whisper's own window loop (default: 8 on a CPU, 16 on CUDA; "
                    "1 = one file at a time); the text is the same")
+    t.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="run the job on a Ray cluster (pip install 'asr_spec[ray]'): ADDRESS such as HOST:6379 or "
+                        "ray://HOST:10001; without one, the cluster RAY_ADDRESS names or one started here with "
+                        "'ray start', else a new local one. --output-dir must be a folder every node sees")
+    t.add_argument("--workers", type=int, default=0,
+                   help="with --ray: model replicas (default: the cluster's CPUs / --threads, or one per GPU)")
     t.add_argument("--encoder-window", choices=["full", "audio"], default="full",
                    help="full: Whisper's padded 30 s encoder window (exact Whisper, default); audio: encode only the "
                    "window's audio rounded up to 1 s (faster on short files; slightly different text, see README)")

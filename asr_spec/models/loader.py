@@ -309,6 +309,16 @@ def default_draft(target_spec: str) -> str | None:
     return None
 
 
+def load_models(model: str, draft: str | None = "auto", device: str = "cpu",
+                encoder_dtype: str = "float32") -> tuple[Whisper, Draft | None]:
+    """The target with its encoder in ``encoder_dtype`` (``auto`` resolved for the device) and its draft:
+    ``auto`` is the one shipped for the target (none for most), None no draft, anything else ``load_draft``'s spec.
+    What the command line, the server and each ``--ray`` worker load."""
+    target = with_encoder_dtype(load_target(model, device=device), resolve_encoder_dtype(encoder_dtype, device))
+    spec = default_draft(model) if draft == "auto" else draft
+    return target, None if spec is None else load_draft(spec, target)
+
+
 def load_draft(spec: str, target: Whisper, int8: bool | None = None) -> Draft:
     """``layers:0,5`` (a truncated copy of the target), a decoder-only ``WhisperForCausalLM`` (shared
     encoder; distil-Whisper and ``asr_spec distill`` output) or a full smaller Whisper (own encoder).
