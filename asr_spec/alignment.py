@@ -30,6 +30,10 @@ class Word:
     probability: float
     tokens: int = 0  # how many of the window's text tokens it holds (punctuation merged in included)
 
+    def as_dict(self) -> dict:
+        """As the json output, the API's verbose_json and streaming finals carry it."""
+        return {"word": self.word.strip(), "start": self.start, "end": self.end, "probability": round(self.probability, 4)}
+
 
 def alignment_heads(model: Whisper) -> list[tuple[int, int]]:
     """(layer, head) pairs whose cross-attention follows the speech: the model's own list (generation config),

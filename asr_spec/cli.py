@@ -103,7 +103,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     target, draft = models
     engine = Engine(Recognizer(target, draft), EngineConfig(max_batch=args.max_batch))
     # uploads get `asr_spec transcribe`'s defaults (float32 encoder), whatever precision streaming runs at
-    files = FileWorker(Transcriber(offline_encoder(target), draft), batch_size=args.file_batch)
+    files = FileWorker(Transcriber(offline_encoder(target), draft), batch_size=args.file_batch,
+                       max_yield_s=args.upload_yield)
     max_sessions = args.max_sessions or _real_time_sessions(args.torch_device)
     config = ServerConfig(host=args.host, port=args.port, max_sessions=max_sessions,
                           api_key=args.api_key or os.environ.get("ASR_SPEC_API_KEY") or None,
@@ -133,7 +134,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
         return 1
     try:
         events = stream_file(args.url, audio, 1.0 if args.realtime else None, printer(args.json), args.language or None,
-                             args.api_key or os.environ.get("ASR_SPEC_API_KEY"))
+                             args.api_key or os.environ.get("ASR_SPEC_API_KEY"), args.word_timestamps)
     except (OSError, InvalidURI, InvalidStatus, TimeoutError) as e:
         print(f"error: cannot stream to {args.url}: {e}", file=sys.stderr)
         return 1
@@ -462,6 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-batch", type=int, default=8, help="most streams decoded in one batch")
     v.add_argument("--file-batch", type=int, default=4,
                    help="uploads to /v1/audio/* decoded together (same options, waiting at the same time)")
+    v.add_argument("--upload-yield", type=float, default=5.0,
+                   help="uploads wait up to this many seconds at each window step while live streams are due "
+                        "(0: uploads and streams share the CPU equally)")
     v.add_argument("--idle-timeout", type=float, default=60.0, help="close sessions silent for this many seconds")
     _model_args(v, encoder_dtype="auto")  # streaming re-runs the encoder often: latency first
     v.set_defaults(func=cmd_serve)
@@ -483,6 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print every event as a JSON line (default: finals as text)")
     c.add_argument("--language", default="en", help="language code, or '' to detect")
     c.add_argument("--api-key", help="bearer token (or ASR_SPEC_API_KEY)")
+    c.add_argument("--word-timestamps", action="store_true", help="finals carry their words with start and end times")
     c.set_defaults(func=cmd_stream)
 
     e = sub.add_parser("eval", help="WER parity, speed-up and memory against target-only and peer systems")

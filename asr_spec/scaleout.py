@@ -15,13 +15,14 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
 from .audio import AudioError, load_audio
-from .transcribe import TranscribeOptions
-from .writers import write_outputs
+
+if TYPE_CHECKING:  # the read tasks import this module: they need no torch
+    from .transcribe import TranscribeOptions
 
 INSTALL_HINT = 'Ray is not installed: pip install "asr_spec[ray]" (or pip install "ray[data]")'
 
@@ -84,6 +85,8 @@ class _Worker:
         self.name = f"{socket.gethostname()}:{os.getpid()}"
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
+        from .writers import write_outputs
+
         job, t0 = self.job, time.perf_counter()
         n = len(batch["index"])
         out: dict[str, list] = {"index": [int(i) for i in batch["index"]], "text": [""] * n,
@@ -158,7 +161,8 @@ def run(job: Job, paths: list[str], stems: list[str], workers: int) -> Iterator[
     rows = [{"index": i, "path": p, "stem": s} for i, (p, s) in enumerate(zip(paths, stems))]
     gpu = job.device.startswith("cuda")
     ds = (ray.data.from_items(rows, override_num_blocks=max(1, len(rows)))
-          .map(_read, num_cpus=0)  # reading is light: it never waits for a worker's CPUs
+          # reading is light: it never waits for the workers' CPUs, and a few tasks at a time keep them fed
+          .map(_read, num_cpus=0, compute=ray.data.TaskPoolStrategy(size=max(2, workers)))
           .map_batches(_Worker, fn_constructor_kwargs={"job": job}, batch_size=job.batch_size,
                        batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=workers),
                        num_cpus=0 if gpu else max(job.threads, 1), num_gpus=1 if gpu else 0))

@@ -151,13 +151,16 @@ class Transcriber(Recognizer):
 
     def transcribe_many(self, items: Iterable[tuple[Hashable, Callable[[], np.ndarray]]],
                         options: TranscribeOptions = TranscribeOptions(), batch_size: int = 1,
-                        use_draft: bool = True, progress: Callable[[Hashable, float], None] | None = None
+                        use_draft: bool = True, progress: Callable[[Hashable, float], None] | None = None,
+                        before_step: Callable[[], None] | None = None
                         ) -> Iterator[tuple[Hashable, Transcript | AudioError]]:
         """Transcribe (key, load audio) items with up to ``batch_size`` windows in flight, yielding (key,
         transcript) as each file finishes (not in input order), or (key, error) for audio that cannot be loaded.
         A finished file's place is taken by the next file at the next step (once every row of the current decode
         has ended: no refill in the middle of a decode yet); audio is loaded only then. With
-        ``options.chunked`` a file's speech chunks are its pieces (decoded side by side, then joined)."""
+        ``options.chunked`` a file's speech chunks are its pieces (decoded side by side, then joined).
+        ``before_step`` runs before each step's encode and decode (the server holds uploads there while live
+        streams are waiting to be decoded)."""
         source = iter(items)
         queued: deque[_File] = deque()
         active: list[_File] = []
@@ -204,6 +207,8 @@ class Transcriber(Recognizer):
                                         Stats(audio_seconds=(b - a) / SAMPLE_RATE), all_tokens=list(prompt)))
             if not active:
                 return
+            if before_step is not None:
+                before_step()
             self._encode(active, options)
             self._decode(active, options, use_draft)
             for f in list(active):

@@ -46,8 +46,7 @@ def to_vtt(t: Transcript, words: bool = False) -> str:
 
 
 def word_dicts(segment: Segment) -> list[dict]:
-    return [{"word": w.word.strip(), "start": w.start, "end": w.end, "probability": round(w.probability, 4)}
-            for w in segment.words or ()]
+    return [w.as_dict() for w in segment.words or ()]
 
 
 def to_json(t: Transcript, extra: dict | None = None) -> str:

@@ -113,7 +113,8 @@ def test_start_values_of_the_wrong_type_get_their_error_codes(server):
              ({"task": []}, "bad_task"), ({"task": {"a": 1}}, "bad_task"), ({"language": [[]]}, "bad_language"),
              ({"language": 7}, "bad_language"), ({"sample_rate": []}, "bad_sample_rate"),
              ({"sample_rate": 16000.0}, "bad_sample_rate"), ({"sample_rate": True}, "bad_sample_rate"),
-             ({"interim_results": "yes"}, "bad_start"), ({"interim_results": 1}, "bad_start")]
+             ({"interim_results": "yes"}, "bad_start"), ({"interim_results": 1}, "bad_start"),
+             ({"word_timestamps": "true"}, "bad_start"), ({"word_timestamps": None}, "bad_start")]
     with session(server) as ws:
         for fields, code in cases:
             ws.send(json.dumps({"type": "start", **fields}))

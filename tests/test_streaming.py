@@ -68,6 +68,40 @@ def test_windows_committed_after_a_prompt_keep_their_timestamps_and_words(transc
     assert jiwer.wer(normalize(offline), normalize(streamed)) <= 0.05, (offline, streamed)
 
 
+def test_finals_carry_their_words_timed_like_the_offline_words(transcriber):
+    """With ``word_timestamps`` every final with text carries its words (its own, none of an earlier final's),
+    in order and inside the final's span, at about the times offline word timestamps give the same audio."""
+    import difflib
+
+    meta = json.loads((DEV / "longform" / "manifest.jsonl").read_text().splitlines()[0])
+    audio = load_audio(DEV / "longform" / meta["audio"])[: 45 * 16000]
+    events = stream_audio(Engine(transcriber), audio, StreamConfig(word_timestamps=True))
+    finals = [e for e in events if e.type == "final" and e.text]
+    assert len(finals) >= 3
+    streamed = []
+    for e in finals:
+        assert e.words, e
+        assert " ".join(w.word.strip() for w in e.words).split() == e.text.split(), e
+        assert all(e.start <= w.start <= w.end <= e.end for w in e.words), e
+        assert all(a.start <= b.start for a, b in zip(e.words, e.words[1:])), e
+        assert json.loads(json.dumps(e.as_dict()))["words"][0].keys() == {"word", "start", "end", "probability"}
+        streamed += e.words
+    assert all(a.start <= b.start for a, b in zip(streamed, streamed[1:]))
+    offline = [w for s in transcriber.transcribe(audio, TranscribeOptions(language="en", word_timestamps=True)).segments
+               for w in s.words]
+    key = lambda ws: [normalize(w.word) for w in ws]  # noqa: E731
+    pairs = [(streamed[m.a + i], offline[m.b + i])
+             for m in difflib.SequenceMatcher(None, key(streamed), key(offline), autojunk=False).get_matching_blocks()
+             for i in range(m.size)]
+    gaps = sorted(abs(a.start - b.start) for a, b in pairs)
+    print(f"{len(streamed)} streamed words, {len(offline)} offline, {len(pairs)} paired; |start difference| "
+          f"median {np.median(gaps):.3f} s, p90 {gaps[int(0.9 * len(gaps))]:.3f} s")
+    assert len(pairs) >= 0.9 * len(offline)
+    assert np.median(gaps) <= 0.2
+    without = [e for e in stream_audio(Engine(transcriber), audio[: 8 * 16000], StreamConfig()) if e.type == "final"]
+    assert all(e.words is None and "words" not in e.as_dict() for e in without)
+
+
 def test_silence_is_skipped_without_decoding(transcriber):
     engine = Engine(transcriber)
     quiet = np.random.default_rng(0).normal(0, 1e-3, 10 * 16000).astype(np.float32)

@@ -30,7 +30,7 @@ def connect_session(url: str, api_key: str | None):
 
 
 def stream_file(url: str, audio: np.ndarray, speed: float | None, on_event=lambda e: None,
-                language: str | None = "en", api_key: str | None = None) -> list[dict]:
+                language: str | None = "en", api_key: str | None = None, word_timestamps: bool = False) -> list[dict]:
     """Send 16 kHz ``audio`` in 100 ms pcm_s16le frames, paced at ``speed`` x real time (None: as fast as
     allowed), then ``close``; call ``on_event`` with every event and return them all. Raises
     :class:`StreamEnded` when the connection ends without the server's ``closed`` event."""
@@ -49,7 +49,7 @@ def stream_file(url: str, audio: np.ndarray, speed: float | None, on_event=lambd
 
     with connect_session(url, api_key) as ws:
         ws.send(json.dumps({"type": "start", "sample_rate": SAMPLE_RATE, "encoding": "pcm_s16le", "channels": 1,
-                            "language": language}))
+                            "language": language, "word_timestamps": word_timestamps}))
         reader = threading.Thread(target=receive, args=(ws,), daemon=True)
         reader.start()
         frame = int(FRAME_S * SAMPLE_RATE)
@@ -84,6 +84,8 @@ def printer(as_json: bool, out=sys.stdout):
             print(json.dumps(e), file=out, flush=True)
         elif e["type"] == "final" and e["text"]:
             print(f"[{e['start']:7.2f} -> {e['end']:7.2f}] {e['text']}", file=out, flush=True)
+            for w in e.get("words", ()):
+                print(f"    [{w['start']:7.2f} -> {w['end']:7.2f}] {w['word']}", file=out, flush=True)
         elif e["type"] == "error":
             print(f"error {e['code']}: {e['message']}", file=sys.stderr, flush=True)
         elif e["type"] == "closed":

@@ -222,6 +222,9 @@ class HttpConnection(ServerConnection):
 class Server:
     def __init__(self, engine: Engine, config: ServerConfig = ServerConfig(), files: FileWorker | None = None):
         self.engine, self.config, self.files = engine, config, files
+        self._live = threading.Event()  # set while live streams are due: uploads wait for them (FileWorker)
+        if files is not None:
+            files.live = self._live.is_set
         self.sessions: dict[int, "Session"] = {}  # started sessions by stream id
         self.connections = 0
         self.metrics = Metrics()
@@ -237,9 +240,11 @@ class Server:
     def _infer(self) -> None:
         while not self._stop.is_set():
             if not self.engine.pending():
+                self._live.clear()
                 self._wake.wait(0.02)
                 self._wake.clear()
                 continue
+            self._live.set()
             try:
                 out = self.engine.step()
             except Exception:  # never let one bad decode kill the server
@@ -540,7 +545,8 @@ class Session:
             start = parse_start(msg, self.server.languages)
             self.decoder = AudioDecoder(start)
             self.sid = engine.open(StreamConfig(language=start.language, task=start.task,
-                                                interim=start.interim_results, step_s=self.server.config.step_s))
+                                                interim=start.interim_results, step_s=self.server.config.step_s,
+                                                word_timestamps=start.word_timestamps))
             self.server.sessions[self.sid] = self
             self.server.metrics.sessions_total += 1
             self.rate_window = (time.monotonic(), 0.0)

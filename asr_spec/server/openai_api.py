@@ -11,10 +11,11 @@ import json
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from http import HTTPStatus
-from typing import Hashable
+from typing import Callable, Hashable
 
 import numpy as np
 import soundfile as sf
@@ -187,12 +188,18 @@ def _words(t: Transcript) -> list[dict]:
 
 class FileWorker:
     """Transcribes uploads on its own thread, ``batch_size`` files in flight (requests with the same options that
-    are waiting together are decoded as one batch). At most ``max_waiting`` requests wait; more are refused."""
+    are waiting together are decoded as one batch). At most ``max_waiting`` requests wait; more are refused.
+    Live streams go first: while ``live()`` says streams are waiting to be decoded, the next step of the uploads
+    (one window of each file in flight) waits, at most ``max_yield_s`` in a row, so that uploads still progress
+    when the live sessions keep the device busy."""
 
     def __init__(self, transcriber: Transcriber, options: TranscribeOptions = TranscribeOptions(),
-                 batch_size: int = 4, max_waiting: int = 16):
+                 batch_size: int = 4, max_waiting: int = 16, live: Callable[[], bool] = lambda: False,
+                 max_yield_s: float = 5.0):
         self.transcriber, self.options, self.batch_size = transcriber, options, batch_size
         self.max_waiting = max_waiting
+        self.live, self.max_yield_s = live, max_yield_s
+        self.yielded_s = 0.0  # time uploads waited for live streams (for /metrics and benchmarks)
         self._waiting: queue.Queue[tuple[Upload, Future]] = queue.Queue()
         self._held: list[tuple[Upload, Future]] = []  # taken from the queue, waiting for a batch with its options
         self._stop = threading.Event()
@@ -222,6 +229,12 @@ class FileWorker:
                 return self._held.pop(i)
         return None
 
+    def _yield(self) -> None:
+        t0 = time.monotonic()
+        while self.live() and not self._stop.is_set() and time.monotonic() - t0 < self.max_yield_s:
+            time.sleep(0.005)
+        self.yielded_s += time.monotonic() - t0
+
     def _run(self) -> None:
         while not self._stop.is_set():
             if (first := self._next(None)) is None:
@@ -243,7 +256,8 @@ class FileWorker:
                     item = self._next(options)
 
             try:
-                for key, result in self.transcriber.transcribe_many(items(), options, self.batch_size):
+                for key, result in self.transcriber.transcribe_many(items(), options, self.batch_size,
+                                                                    before_step=self._yield):
                     future = futures.pop(key)
                     if isinstance(result, AudioError):
                         future.set_exception(ApiError(HTTPStatus.BAD_REQUEST, str(result), param="file"))

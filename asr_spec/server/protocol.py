@@ -36,6 +36,7 @@ class Start:
     language: str | None = "en"
     task: str = "transcribe"
     interim_results: bool = True
+    word_timestamps: bool = False
 
 
 def echo(value) -> str:
@@ -66,7 +67,7 @@ def parse_message(text: str) -> dict:
 
 
 def parse_start(msg: dict, languages: set[str] | None) -> Start:
-    known = {"type", "sample_rate", "encoding", "channels", "language", "task", "interim_results"}
+    known = {"type", "sample_rate", "encoding", "channels", "language", "task", "interim_results", "word_timestamps"}
     if extra := sorted(set(msg) - known):
         names = ", ".join(echo(name) for name in extra[:ECHO_FIELDS])
         more = f" and {len(extra) - ECHO_FIELDS} more" if len(extra) > ECHO_FIELDS else ""
@@ -91,7 +92,10 @@ def parse_start(msg: dict, languages: set[str] | None) -> Start:
     interim = msg.get("interim_results", d.interim_results)
     if not isinstance(interim, bool):
         raise ProtocolError("bad_start", "interim_results must be true or false")
-    return Start(rate, encoding, channels, language, task, interim)
+    words = msg.get("word_timestamps", d.word_timestamps)
+    if not isinstance(words, bool):
+        raise ProtocolError("bad_start", "word_timestamps must be true or false")
+    return Start(rate, encoding, channels, language, task, interim, words)
 
 
 class AudioDecoder:

@@ -19,6 +19,7 @@ from functools import partial
 
 import torch
 
+from ..alignment import align
 from ..decoding.speculative import SAMPLE_LEN
 from ..features import HOP, N_FRAMES, SAMPLE_RATE, encoder_frames, log_mel, window
 from ..recognizer import DRAFT_STOP, K, Checks, Recognizer, pad_memories
@@ -129,6 +130,7 @@ class Engine:
         t0 = time.perf_counter()
         decoded = self._decode_apart([r for _, _, r in batch])
         self.busy_s += time.perf_counter() - t0
+        timed: list[tuple[Event, Request, tuple]] = []  # finals to add words to
         with self._lock:
             self.decodes += len(batch)
             for (sid, stream, req), outcome in zip(batch, decoded):
@@ -141,11 +143,31 @@ class Engine:
                                    "audio after the last final was not transcribed", stream.start, stream.start)
                     events[sid] = events.get(sid, []) + [failed]
                 else:
-                    events[sid] = events.get(sid, []) + stream.apply(req, *outcome)
+                    *result, memory = outcome
+                    new = stream.apply(req, *result)
+                    timed += [(e, req, (memory, result[1] or stream.language)) for e in new if e.to_align and e.text]
+                    events[sid] = events.get(sid, []) + new
+        t0 = time.perf_counter()
+        for event, req, (memory, language) in timed:  # outside the lock: feeding never waits for it
+            self._add_words(event, req, memory, language)
+        self.busy_s += time.perf_counter() - t0
         return events
 
+    def _add_words(self, event: Event, request: Request, memory: torch.Tensor, language: str | None) -> None:
+        """A final's words, Whisper's way (``align``), over the audio its tokens were decoded from: the tokens
+        decoded before it in that buffer are aligned with it (the audio they cover comes first) and their words
+        dropped. Times are made absolute and kept inside the final's span."""
+        span = event.to_align
+        words = align(self.transcriber.target, memory, len(request.audio) // HOP, language, request.task,
+                      [span.before, span.tokens])[1]
+        for w in words:
+            w.start = round(min(max(span.origin + w.start, event.start), event.end), 3)
+            w.end = round(min(max(span.origin + w.end, w.start), event.end), 3)
+        event.words = words
+
     def _decode_apart(self, requests: list[Request]) -> list[tuple | Exception]:
-        """:meth:`_decode`; if the batch raises, each request alone, so that a request that cannot be decoded
+        """(result, language, reliable, fallbacks, target encoder output) per request, or its exception:
+        :meth:`_decode`; if the batch raises, each request alone, so that a request that cannot be decoded
         fails by itself (its exception in its place) instead of failing, and being retried with, every batch."""
         try:
             return self._decode(requests)
@@ -193,7 +215,7 @@ class Engine:
                     result = decode(row, [replace(rows[i], key=(attempt,))], temperature)[0]
                     if reliable := not tr.needs_fallback(result, c.checks):
                         break
-            out.append((result, languages[i], reliable, fallbacks))
+            out.append((result, languages[i], reliable, fallbacks, row[0]))
         return out
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..alignment import Word
 from ..audio import SAMPLE_RATE
 from ..decoding.speculative import RowResult, RowStats
 from ..recognizer import nothing_said
@@ -43,6 +44,7 @@ class StreamConfig:
     min_flush_s: float = 1.0  # a finalize of a shorter buffer is deferred: decoded with the audio that follows
     max_context: int = 192  # committed tokens kept as the prompt (prompt + prefix stay well under 448)
     unheard_s: float = 1.0  # a final whose text ends this long before speech does is committed only that far
+    word_timestamps: bool = False  # finals carry their words with times (Whisper's alignment; the engine adds them)
 
 
 @dataclass
@@ -50,6 +52,15 @@ class Segment:
     start: float
     end: float
     text: str
+
+
+@dataclass(frozen=True)
+class WordSpan:
+    """What the engine needs to time a final's words: the tokens decoded before the final's in the same buffer
+    (their words were sent already), the final's own, and the stream time of the buffer's first sample."""
+    before: list[int]
+    tokens: list[int]
+    origin: float
 
 
 @dataclass
@@ -60,6 +71,8 @@ class Event:
     end: float
     segments: list[Segment] = field(default_factory=list)
     end_of_utterance: bool = False
+    words: list[Word] | None = None  # a final's words, when its stream asked for word timestamps
+    to_align: WordSpan | None = None  # set by ``Stream`` for the engine, which fills ``words``
 
     def as_dict(self) -> dict:
         if self.type == "error":
@@ -68,6 +81,8 @@ class Event:
         if self.type == "final":
             d["segments"] = [{"start": round(s.start, 3), "end": round(s.end, 3), "text": s.text} for s in self.segments]
             d["end_of_utterance"] = self.end_of_utterance
+            if self.words is not None:
+                d["words"] = [w.as_dict() for w in self.words]
         return d
 
 
@@ -429,7 +444,8 @@ class Stream:
         if end_of_utterance:
             self.partial = ""
         self.emitted_end = end
-        return Event("final", text, begin, end, segments, end_of_utterance)
+        span = WordSpan(list(self.committed), list(tokens), self.start) if self.config.word_timestamps else None
+        return Event("final", text, begin, end, segments, end_of_utterance, to_align=span)
 
     def _trim(self) -> None:
         """Cut the buffer after the last committed segment that is closed by a timestamp pair."""
