@@ -41,6 +41,20 @@ def test_stream_prints_json_events_and_the_transcript(url):
     assert plain.returncode == 0 and "->" in plain.stdout and "closed:" in plain.stderr
 
 
+def test_stream_word_timestamps_through_the_server(url):
+    out = subprocess.run(CLI + ["stream", str(JFK), "--url", url, "--json", "--word-timestamps"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    finals = [e for line in out.stdout.splitlines() if (e := json.loads(line))["type"] == "final" and e["text"]]
+    assert finals
+    for e in finals:
+        assert [w["word"] for w in e["words"]] == e["text"].split(), e
+        assert all(e["start"] <= w["start"] <= w["end"] <= e["end"] and 0 <= w["probability"] <= 1 for w in e["words"]), e
+    words = [w for e in finals for w in e["words"]]
+    assert all(a["start"] <= b["start"] for a, b in zip(words, words[1:]))
+    assert words[-1]["end"] <= 11.1  # the clip is 11 s long
+
+
 def test_stream_realtime_paces_the_audio(url):
     clip = DEV / "LJ001-0002.wav"  # 1.9 s
     t0 = time.monotonic()

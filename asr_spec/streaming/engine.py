@@ -130,7 +130,6 @@ class Engine:
         t0 = time.perf_counter()
         decoded = self._decode_apart([r for _, _, r in batch])
         self.busy_s += time.perf_counter() - t0
-        timed: list[tuple[Event, Request, tuple]] = []  # finals to add words to
         with self._lock:
             self.decodes += len(batch)
             for (sid, stream, req), outcome in zip(batch, decoded):
@@ -144,26 +143,25 @@ class Engine:
                     events[sid] = events.get(sid, []) + [failed]
                 else:
                     *result, memory = outcome
-                    new = stream.apply(req, *result)
-                    timed += [(e, req, (memory, result[1] or stream.language)) for e in new if e.to_align and e.text]
-                    events[sid] = events.get(sid, []) + new
-        t0 = time.perf_counter()
-        for event, req, (memory, language) in timed:  # outside the lock: feeding never waits for it
-            self._add_words(event, req, memory, language)
-        self.busy_s += time.perf_counter() - t0
+                    aligner = (partial(self._align, req, memory, result[1] or stream.language)
+                               if stream.config.word_timestamps else None)
+                    events[sid] = events.get(sid, []) + stream.apply(req, *result, aligner=aligner)
         return events
 
-    def _add_words(self, event: Event, request: Request, memory: torch.Tensor, language: str | None) -> None:
-        """A final's words, Whisper's way (``align``), over the audio its tokens were decoded from: the tokens
-        decoded before it in that buffer are aligned with it (the audio they cover comes first) and their words
-        dropped. Times are made absolute and kept inside the final's span."""
-        span = event.to_align
-        words = align(self.transcriber.target, memory, len(request.audio) // HOP, language, request.task,
-                      [span.before, span.tokens])[1]
-        for w in words:
-            w.start = round(min(max(span.origin + w.start, event.start), event.end), 3)
-            w.end = round(min(max(span.origin + w.end, w.start), event.end), 3)
-        event.words = words
+    def _align(self, request: Request, memory: torch.Tensor, language: str | None, before: list[int],
+               tokens: list[int]) -> list:
+        """The words of ``tokens``, Whisper's way (``align``), over the audio they were decoded from, in seconds
+        from its start; the ``before`` tokens decoded ahead of them in that audio are aligned with them (their
+        audio comes first) and their words dropped."""
+        t0 = time.perf_counter()
+        try:
+            return align(self.transcriber.target, memory, len(request.audio) // HOP, language, request.task,
+                         [before, tokens])[1]
+        except Exception:  # noqa: BLE001 - the final goes out without word times rather than not at all
+            log.exception("aligning a final's words failed")
+            return []
+        finally:
+            self.busy_s += time.perf_counter() - t0
 
     def _decode_apart(self, requests: list[Request]) -> list[tuple | Exception]:
         """(result, language, reliable, fallbacks, target encoder output) per request, or its exception:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -54,13 +55,9 @@ class Segment:
     text: str
 
 
-@dataclass(frozen=True)
-class WordSpan:
-    """What the engine needs to time a final's words: the tokens decoded before the final's in the same buffer
-    (their words were sent already), the final's own, and the stream time of the buffer's first sample."""
-    before: list[int]
-    tokens: list[int]
-    origin: float
+# times a final's words: (tokens decoded before it in the buffer, its own tokens) -> its words, in seconds from the
+# buffer's start (the engine's Whisper alignment over the audio the tokens were decoded from)
+Aligner = Callable[[list[int], list[int]], list[Word]]
 
 
 @dataclass
@@ -72,7 +69,6 @@ class Event:
     segments: list[Segment] = field(default_factory=list)
     end_of_utterance: bool = False
     words: list[Word] | None = None  # a final's words, when its stream asked for word timestamps
-    to_align: WordSpan | None = None  # set by ``Stream`` for the engine, which fills ``words``
 
     def as_dict(self) -> dict:
         if self.type == "error":
@@ -152,6 +148,7 @@ class Stream:
         self.stats = StreamStats()
         self.arrivals: deque[tuple[float, float]] = deque(maxlen=4096)  # (stream time, wall time) of arrivals
         self._word_start: dict[int, bool] = {}
+        self._aligner: Aligner | None = None  # set while ``apply`` runs
         self._unheard: list[np.ndarray] = []  # received, not yet analysed (see ``_listen``)
         self._unheard_s = 0.0
 
@@ -255,9 +252,18 @@ class Stream:
 
     # --- results --------------------------------------------------------------------------------------
     def apply(self, request: Request, result: RowResult, language: str | None = None, reliable: bool = True,
-              fallbacks: int = 0) -> list[Event]:
+              fallbacks: int = 0, aligner: Aligner | None = None) -> list[Event]:
         """Take a decode's result. ``reliable`` is false when it failed Whisper's hallucination checks even
-        after the temperature fallback (``fallbacks`` attempts): such text is never committed from a partial."""
+        after the temperature fallback (``fallbacks`` attempts): such text is never committed from a partial.
+        ``aligner`` (streams with ``word_timestamps``) times the words of the finals this result commits."""
+        self._aligner = aligner
+        try:
+            return self._apply(request, result, language, reliable, fallbacks)
+        finally:
+            self._aligner = None
+
+    def _apply(self, request: Request, result: RowResult, language: str | None, reliable: bool,
+               fallbacks: int) -> list[Event]:
         self.stats.decodes += 1
         self.stats.fallbacks += fallbacks
         self.stats.decode.add(result.stats)
@@ -427,6 +433,15 @@ class Stream:
         closed = bool(tokens) and tokens[-1] >= tb
         heard = self.start + (len(self.audio) if decoded is None else decoded) / SAMPLE_RATE
         end = max(min(self._abs(tokens[-1]), heard) if closed else heard, begin)  # never past the audio decoded
+        words = None
+        if self._aligner is not None:
+            words = self._aligner(list(self.committed), list(tokens))
+            if words:  # the words time the final better than the decode's estimate: its span follows them
+                begin = round(max(self.emitted_end, self.start + words[0].start), 3)
+                end = max(begin, round(min(self.start + words[-1].end, heard), 3))
+            for w in words:
+                w.start = round(min(max(self.start + w.start, begin), end), 3)
+                w.end = round(min(max(self.start + w.end, w.start), end), 3)
         segments, start, part = [], begin, []
         for t in tokens + [None]:
             if t is None or t >= tb:
@@ -444,8 +459,7 @@ class Stream:
         if end_of_utterance:
             self.partial = ""
         self.emitted_end = end
-        span = WordSpan(list(self.committed), list(tokens), self.start) if self.config.word_timestamps else None
-        return Event("final", text, begin, end, segments, end_of_utterance, to_align=span)
+        return Event("final", text, begin, end, segments, end_of_utterance, words)
 
     def _trim(self) -> None:
         """Cut the buffer after the last committed segment that is closed by a timestamp pair."""

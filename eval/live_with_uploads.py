@@ -1,0 +1,106 @@
+"""Live sessions while files are uploaded to the OpenAI-compatible API of the same server: how much later
+the live finals arrive, with uploads yielding to due live streams (``--upload-yield``, the default) and without.
+
+A real ``asr_spec serve`` subprocess per setting; one WebSocket client streams ``--seconds`` of the long-form
+talk at real time while another thread uploads dev utterances one after another through the ``openai`` client
+until the stream ends. Reported per setting: the stream's final latency (median, p90: emission minus arrival of
+the final's last audio, from the ``closed`` event) and how many uploads finished meanwhile.
+
+    python eval/live_with_uploads.py --seconds 60 --threads 2 --out eval/results/live-with-uploads
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import openai
+
+from asr_spec.audio import load_audio
+from asr_spec.clients.stream import stream_file
+
+DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
+
+
+def serve(port: int, threads: int, upload_yield: float) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "asr_spec", "serve", "--port", str(port), "--threads", str(threads),
+                             "--upload-yield", str(upload_yield)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
+            return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                sys.exit(f"asr_spec serve did not start:\n{proc.stderr.read()}")
+            time.sleep(0.3)
+
+
+def run(setting: str, audio, uploads: list[Path], threads: int) -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = serve(port, threads, 0.0 if setting == "uploads, no yield" else 5.0)
+    done = threading.Event()
+    finished: list[float] = []
+
+    def upload() -> None:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", timeout=600, max_retries=0)
+        i = 0
+        while not done.is_set():
+            path = uploads[i % len(uploads)]
+            t0 = time.monotonic()
+            with open(path, "rb") as f:
+                client.audio.transcriptions.create(model="whisper-1", file=f, language="en")
+            finished.append(time.monotonic() - t0)
+            i += 1
+
+    try:
+        uploader = threading.Thread(target=upload, daemon=True)
+        if setting != "no uploads":
+            uploader.start()
+            time.sleep(2.0)  # uploads under way before the stream starts
+        t0 = time.monotonic()
+        events = stream_file(f"ws://127.0.0.1:{port}", audio, 1.0)
+        wall = time.monotonic() - t0
+        done.set()
+        if uploader.is_alive():
+            uploader.join(600)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    closed = events[-1]
+    return {"setting": setting, "stream_wall_s": round(wall, 1), "final_latency_median_s": closed.get("final_latency_median_s"),
+            "final_latency_p90_s": closed.get("final_latency_p90_s"), "uploads_finished": len(finished),
+            "upload_seconds_median": round(sorted(finished)[len(finished) // 2], 2) if finished else None,
+            "finals": sum(e["type"] == "final" and bool(e["text"]) for e in events)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="eval/out/live-with-uploads")
+    a = ap.parse_args()
+    meta = json.loads((DEV / "longform" / "manifest.jsonl").read_text().splitlines()[0])
+    audio = load_audio(DEV / "longform" / meta["audio"])[: int(a.seconds * 16000)]
+    manifest = [json.loads(line) for line in (DEV / "manifest.jsonl").read_text().splitlines() if line.strip()]
+    uploads = [DEV / m["audio"] for m in manifest if m["duration_s"] >= 8][:10]
+    rows = []
+    for setting in ("no uploads", "uploads, yield (default)", "uploads, no yield"):
+        rows.append(run(setting, audio, uploads, a.threads))
+        print(json.dumps(rows[-1]), flush=True)
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
