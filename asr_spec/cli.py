@@ -495,7 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--limit", type=int, default=0, help="first N utterances only")
     e.add_argument("--systems", default="target,spec,draft,hf,hf-assisted,faster-whisper",
                    help="comma list of target, spec, spec-fixed (always K drafts), spec-chunked (--chunked), spec-fp32draft (the draft in float32 "
-                        "where spec runs it in int8), spec-sample, target-sample "
+                        "where spec runs it in int8), spec-fullview (the draft reads the whole 30 s window, not only "
+                        "the audio's frames), spec-sample, target-sample "
                         "(sampling without the draft, same seeds), draft, hf, hf-assisted, faster-whisper, "
                         "faster-whisper-batched (its BatchedInferencePipeline)")
     e.add_argument("--k", default="3", help="comma list of K for spec (one run each)")

@@ -18,6 +18,8 @@ from .alignment import Word, align
 from .recognizer import DRAFT_STOP, K, Checks, Recognizer, compression_ratio, nothing_said, pad_memories
 from .vad import speech_chunks
 
+DRAFT_MARGIN = 50  # encoder frames (1 s) the draft reads past the window's audio
+
 
 @dataclass(frozen=True)
 class TranscribeOptions:
@@ -33,6 +35,9 @@ class TranscribeOptions:
     chunked: bool = False  # decode a file's speech as independent <= 30 s pieces, batched, without prompts
     initial_prompt: str | None = None  # text before the first window (Whisper's initial_prompt: names, spelling)
     word_timestamps: bool = False  # words with times in each segment (the text is the same either way)
+    # the draft reads the encoder output of the window's audio and this many frames after it (None: the whole
+    # window, as the target does); it only proposes, so this changes speed, never the text
+    draft_margin: int | None = DRAFT_MARGIN
 
 
 @dataclass
@@ -261,7 +266,9 @@ class Transcriber(Recognizer):
                         None if group[0].memory[1] is None else pad_memories([f.memory[1] for f in group]))
             requests = [replace(self.prompt(f.all_tokens[f.prompt_since:], f.language, o.task, o.timestamps),
                                 key=(f.seek, attempt),  # sampling noise keyed by window and attempt
-                                memory_length=n if ragged else None) for f, n in zip(group, lengths)]
+                                memory_length=n if ragged else None,
+                                draft_memory_length=None if o.draft_margin is None else f.size // 2 + o.draft_margin)
+                        for f, n in zip(group, lengths)]
             results = self.decode(memories, requests, c.temperatures[attempt], o.timestamps, k=o.k,
                                   draft_stop=o.draft_stop, seed=c.seed, use_draft=use_draft, adaptive_k=o.adaptive_k,
                                   keep_cross=o.word_timestamps)

@@ -3,8 +3,9 @@ the live finals arrive, with uploads yielding to due live streams (``--upload-yi
 
 A real ``asr_spec serve`` subprocess per setting; one WebSocket client streams ``--seconds`` of the long-form
 talk at real time while another thread uploads dev utterances one after another through the ``openai`` client
-until the stream ends. Reported per setting: the stream's final latency (median, p90: emission minus arrival of
-the final's last audio, from the ``closed`` event) and how many uploads finished meanwhile.
+until the stream ends. Reported per setting: the latency of the stream's finals (median, p90, max: when the client
+received a final minus when the audio at its end was sent, the audio being paced at real time) and how many
+uploads finished meanwhile.
 
     python eval/live_with_uploads.py --seconds 60 --threads 2 --out eval/results/live-with-uploads
 """
@@ -68,8 +69,9 @@ def run(setting: str, audio, uploads: list[Path], threads: int) -> dict:
         if setting != "no uploads":
             uploader.start()
             time.sleep(2.0)  # uploads under way before the stream starts
+        received: list[tuple[float, dict]] = []
         t0 = time.monotonic()
-        events = stream_file(f"ws://127.0.0.1:{port}", audio, 1.0)
+        events = stream_file(f"ws://127.0.0.1:{port}", audio, 1.0, lambda e: received.append((time.monotonic(), e)))
         wall = time.monotonic() - t0
         done.set()
         if uploader.is_alive():
@@ -77,9 +79,10 @@ def run(setting: str, audio, uploads: list[Path], threads: int) -> dict:
     finally:
         proc.terminate()
         proc.wait(30)
-    closed = events[-1]
-    return {"setting": setting, "stream_wall_s": round(wall, 1), "final_latency_median_s": closed.get("final_latency_median_s"),
-            "final_latency_p90_s": closed.get("final_latency_p90_s"), "uploads_finished": len(finished),
+    lat = sorted(at - (t0 + e["end"]) for at, e in received if e["type"] == "final" and e["text"])
+    return {"setting": setting, "stream_wall_s": round(wall, 1), "final_latency_median_s": round(lat[len(lat) // 2], 2),
+            "final_latency_p90_s": round(lat[int(0.9 * len(lat))], 2), "final_latency_max_s": round(lat[-1], 2),
+            "uploads_finished": len(finished),
             "upload_seconds_median": round(sorted(finished)[len(finished) // 2], 2) if finished else None,
             "finals": sum(e["type"] == "final" and bool(e["text"]) for e in events)}
 

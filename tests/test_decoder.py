@@ -78,11 +78,13 @@ PROMPTS = [[50258, 50259, 50359], [50258, 50259, 50359, 50363], [50361, 100, 200
            [50258, 50259, 50358, 50363]]
 
 
-def _decode(model, draft, prompts, timestamps, k, sample_len=40, stop_below=0.0, prefixes=None, hints=None, costs=None):
+def _decode(model, draft, prompts, timestamps, k, sample_len=40, stop_below=0.0, prefixes=None, hints=None, costs=None,
+            draft_view=None):
     v = model.vocab
     mem = _memory(len(prompts))
     limits = sample_len if isinstance(sample_len, list) else [sample_len] * len(prompts)
-    requests = [Request(p, p.index(v.sot), prefixes[i] if prefixes else [], hints[i] if hints else [], limits[i])
+    requests = [Request(p, p.index(v.sot), prefixes[i] if prefixes else [], hints[i] if hints else [], limits[i],
+                        draft_memory_length=draft_view[i] if draft_view else None)
                 for i, p in enumerate(prompts)]
     options = DecodeOptions(LogitRules.whisper(v, timestamps), v.eot, v.no_speech, k=k, stop_below=stop_below)
     return speculative_decode(Decoders(model.decoder, draft.decoder if draft else None, costs and (lambda _rows: costs)), (mem, mem), requests,
@@ -104,6 +106,18 @@ def test_speculative_greedy_equals_target_greedy_tiny(tiny_target, timestamps, k
         assert s.stats.target_passes <= r.stats.target_passes
     if draft_spec == "layers:0,1" and not int8:  # the draft is the target itself: every draft is accepted
         assert all(s.stats.rejected == 0 and s.stats.accepted > 0 for s in spec)
+
+
+def test_a_draft_reading_part_of_the_encoder_output_changes_speed_not_text(tiny_target):
+    """The draft may read fewer encoder positions than the target (only the window's audio): per-row views, the
+    memory cut to the longest; the text stays the target's and the draft's proposals change."""
+    draft = load_draft("layers:0,1", tiny_target, int8=False)  # the target itself: a full view accepts everything
+    ref = _decode(tiny_target, None, PROMPTS, True, 0)
+    full = _decode(tiny_target, draft, PROMPTS, True, 3)
+    part = _decode(tiny_target, draft, PROMPTS, True, 3, draft_view=[3, 5, None, 2])
+    assert [p.tokens for p in part] == [f.tokens for f in full] == [r.tokens for r in ref]
+    assert all(f.stats.rejected == 0 for f in full)
+    assert sum(p.stats.rejected for p in part) > 0  # it did read less
 
 
 @pytest.mark.parametrize("single_row", [True, False])

@@ -44,6 +44,9 @@ class Request:
     hint: list[int] = field(default_factory=list)  # a guess of the continuation after the prefix (eot implied)
     sample_len: int = SAMPLE_LEN  # most tokens of the continuation, prefix included
     memory_length: int | None = None  # the row's encoder output is its first that many positions
+    # the draft cross-attends to only the first that many positions (the window's audio and a little after): the
+    # draft proposes and the target decides, so what the draft reads changes its speed, never the text
+    draft_memory_length: int | None = None
     key: tuple[int, ...] = ()  # sampling: the row's noise key (the same key and seed give the same draws)
 
 
@@ -119,7 +122,7 @@ class DecodingTask:
         # the draft's cache is built on its first pass: a decode whose passes are all measured to pay best without
         # the draft (K = 0) costs what target-only decoding does
         self.d_cache = None
-        self.d_memory = memories[1], lengths, capacity
+        self.d_memory = self._draft_view(memories[1], lengths), capacity
         self.seq = torch.full((b, capacity), o.eot, dtype=torch.long, device=dev)
         for i, p in enumerate(self.prompts):
             self.seq[i, : len(p)] = torch.tensor(p)
@@ -135,6 +138,17 @@ class DecodingTask:
         self.stats = [RowStats() for _ in range(b)]
         self.results: list[RowResult | None] = [None] * b
         self.sot_pending = [r for r, q in enumerate(requests) if q.sot_index == len(self.prompts[r]) - 1]
+
+    def _draft_view(self, memory: torch.Tensor | None, lengths: list[int] | None
+                    ) -> tuple[torch.Tensor | None, list[int] | None]:
+        """The draft's memory and row lengths: each row's own length, or less where its ``draft_memory_length``
+        says so; the memory cut to the longest of them."""
+        if memory is None or all(r.draft_memory_length is None for r in self.requests):
+            return memory, lengths
+        full = lengths or [memory.shape[1]] * len(self.requests)
+        view = [n if r.draft_memory_length is None else max(1, min(n, r.draft_memory_length))
+                for r, n in zip(self.requests, full)]
+        return memory[:, :max(view)], view
 
     def room(self, i: int) -> int:
         """Tokens live row i may still add: its sample_len counts the prefix, the target has max_pos positions."""
@@ -193,7 +207,7 @@ class DecodingTask:
         shorter gap re-feed cached positions, which is harmless)."""
         draft, n, m = self.draft, self.n, len(self.live)
         if self.d_cache is None:  # the first draft pass: the draft catches up on every token from position 0
-            memory, lengths, capacity = self.d_memory
+            (memory, lengths), capacity = self.d_memory
             rows = torch.tensor(self.live, dtype=torch.long, device=memory.device)
             self.d_cache = draft.new_cache(memory.index_select(0, rows), capacity,
                                            [lengths[r] for r in self.live] if lengths else None)

@@ -12,7 +12,8 @@ import numpy as np
 
 from ..audio import SAMPLE_RATE
 
-OURS = ("target", "spec", "spec-fixed", "spec-chunked", "spec-fp32draft", "spec-sample", "target-sample", "draft")
+OURS = ("target", "spec", "spec-fixed", "spec-chunked", "spec-fp32draft", "spec-fullview", "spec-sample", "target-sample",
+        "draft")
 PEERS = ("hf", "hf-assisted", "faster-whisper", "faster-whisper-batched")
 
 
@@ -29,6 +30,7 @@ class SystemSpec:
     chunked: bool = False  # spec-chunked: a file's speech chunks decoded side by side without prompts
     batch_size: int = 1  # ours: windows in flight (files, or chunks); faster-whisper-batched: its batch size
     draft_int8: bool | None = None  # the draft's linear layers in int8 (None: where the CPU has the kernels)
+    draft_full_view: bool = False  # the draft reads the whole 30 s window's encoder output (default: the audio's)
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,11 @@ def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
     (faster-whisper) and batch size (ours and faster-whisper-batched; "-b8" in the name when above 1)."""
     out: list[SystemSpec] = []
     for s in systems:
-        if s in ("spec", "spec-fixed", "spec-chunked", "spec-fp32draft"):
+        if s in ("spec", "spec-fixed", "spec-chunked", "spec-fp32draft", "spec-fullview"):
             out += [SystemSpec(f"{s}-k{k}" + (f"-stop{p:g}" if p else ""), "spec", k=k, draft_stop=p,
                                adaptive_k=s != "spec-fixed", chunked=s == "spec-chunked",
-                               draft_int8=False if s == "spec-fp32draft" else None) for k in ks for p in stops]
+                               draft_int8=False if s == "spec-fp32draft" else None,
+                               draft_full_view=s == "spec-fullview") for k in ks for p in stops]
         elif s in ("spec-sample", "target-sample"):  # same seeds: the same text (sampling is keyed, not drawn)
             out += [SystemSpec(f"{s}-t{temperature}-s{i}", s, k=ks[0], draft_stop=stops[0],
                                temperature=temperature, seed=i) for i in range(seeds)]
@@ -107,7 +110,8 @@ def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
     # the draft alone: one greedy attempt (a failing draft would otherwise retry at every temperature)
     temps = (0.0,) if spec.kind == "draft" else temperature_ladder(spec.temperature)
     opts = TranscribeOptions(language=setup.language, k=spec.k, draft_stop=spec.draft_stop, checks=Checks(temps, seed=spec.seed),
-                             encoder_window=setup.encoder_window, adaptive_k=spec.adaptive_k, chunked=spec.chunked)
+                             encoder_window=setup.encoder_window, adaptive_k=spec.adaptive_k, chunked=spec.chunked,
+                             **({"draft_margin": None} if spec.draft_full_view else {}))
 
     def run(audios: list[np.ndarray]) -> list[Output]:
         outputs: list[Output | None] = [None] * len(audios)
