@@ -172,7 +172,15 @@ def run(job: Job, paths: list[str], stems: list[str], workers: int) -> Iterator[
 
 
 def remove_partials(out_dir: Path, stems: list[str], formats: list[str]) -> None:
-    """After an interrupted run: remove the temporary files of writes a killed worker left unfinished."""
+    """After an interrupted run: stop this driver's workers (leaving the cluster), then remove the temporary files
+    of writes they left unfinished."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    except ImportError:
+        pass
     for stem in stems:
         for fmt in formats:
             for tmp in out_dir.glob(glob.escape(f".{stem}.{fmt}.") + "*.part"):
