@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asr_spec.decoding.costs import FIRST_TRIES, PROBE_EVERY, CostModel
+from asr_spec.decoding.costs import FIRST_TRIES, MAX_PROBE_EVERY, PROBE_EVERY, CostModel
 from asr_spec.models.kv_decoder import StaticDecoder, int8_available
 from asr_spec.decoding.logits import LogitRules
 from asr_spec.decoding.speculative import DecodeOptions, Decoders, Request, speculative_decode
@@ -228,8 +228,13 @@ def test_the_cost_model_tries_every_length_then_runs_the_fastest_and_probes_its_
         tried.append(k := costs.choose(3))
         costs.record(k, tokens_per_row=[1.0, 1.8, 2.3, 2.6][k], seconds=[10.0, 12.0, 16.0, 20.0][k])
     assert sorted(tried) == sorted(list(range(4)) * FIRST_TRIES)  # each a few times, in whatever order
-    picks = [costs.choose(3) for _ in range(4 * PROBE_EVERY)]  # passes 17..80: probes at 32, 48, 64, 80
-    assert picks.count(1) == len(picks) - 4 and set(picks) == {0, 1, 2}  # K = 1 is fastest; 0 and 2 probed
+    picks = [costs.choose(3) for _ in range(4 * PROBE_EVERY)]  # passes 17..80: probes at 17, 33 and 65
+    assert picks.count(1) == len(picks) - 3 and set(picks) == {0, 1, 2}  # K = 1 is fastest; 0 and 2 probed
+    picks = [costs.choose(3) for _ in range(2000)]  # the best stays K = 1: probes 128, 256, 256, ... passes apart
+    assert 1 + (2000 - 128 - 256) // MAX_PROBE_EVERY <= len(picks) - picks.count(1) <= 2 + 2000 // MAX_PROBE_EVERY
+    costs.tokens[2], costs.seconds[2] = 2.3, 1.0  # K = 2 is suddenly the fastest
+    costs.passes, costs.next_probe = 0, 0
+    assert costs.choose(3) in (1, 3) and costs.probe_every == PROBE_EVERY  # a new best: probing often again
     costs = CostModel(rate=1.0)
     for _ in range(FIRST_TRIES):
         costs.record(0, 1.0, 10.0)

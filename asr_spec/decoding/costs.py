@@ -5,9 +5,10 @@ the bookkeeping) and yields (accepted drafts + 1 per row) depends on the machine
 and the audio, and models of it missed here (the cost of a target pass does not grow smoothly with its
 width on this CPU, and drafting stops early on its own). So ``CostModel`` measures it: moving averages
 of tokens per row and wall seconds per pass, for each K it has run. Each pass runs the K (0 included:
-plain target decoding) with the most tokens per second, after trying every K a few times, and every
-``PROBE_EVERY`` passes a neighbour of the best, so the choice follows a change (a better-matched stretch
-of speech, a busier machine). Greedy output does not depend on K (the target verifies every token), so
+plain target decoding) with the most tokens per second, after trying every K a few times, and now and then
+a neighbour of the best, so the choice follows a change (a better-matched stretch of speech, a busier
+machine): ``PROBE_EVERY`` passes after the last probe, twice as long each time the best has stayed the same
+since the previous probe (up to ``MAX_PROBE_EVERY``), so a settled choice costs next to nothing in probes. Greedy output does not depend on K (the target verifies every token), so
 this only changes speed.
 """
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Callable
 
 import torch
 
-PROBE_EVERY = 16  # passes between two tries of a draft length next to the best one
+PROBE_EVERY = 16  # passes between two tries of a draft length next to the best one (while the best changes)
+MAX_PROBE_EVERY = 256  # ... and at most this many while it stays the same
 FIRST_TRIES = 4  # passes each draft length runs before its measurement is trusted
 
 
@@ -30,6 +32,10 @@ class CostModel:
     counts: dict[int, int] = field(default_factory=dict)  # K -> passes measured
     rate: float = 0.05  # weight of a new measurement once there are 1 / rate of them (a plain mean before)
     passes: int = 0
+    probes: int = 0
+    probe_every: int = PROBE_EVERY
+    next_probe: int = PROBE_EVERY
+    probed_best: int | None = None  # the best draft length at the last probe
 
     def record(self, k: int, tokens_per_row: float, seconds: float) -> None:
         self.counts[k] = self.counts.get(k, 0) + 1
@@ -47,10 +53,14 @@ class CostModel:
         """The draft length for the next pass: the fastest measured, or now and then a neighbour of it."""
         self.passes += 1
         best = max(range(k_max + 1), key=self.speed)
-        if self.passes % PROBE_EVERY == 0 and self.speed(best) != float("inf"):
-            near = [k for k in (best - 1, best + 1) if 0 <= k <= k_max]
-            return near[(self.passes // PROBE_EVERY) % len(near)] if near else best
-        return best
+        if self.passes < self.next_probe or self.speed(best) == float("inf"):
+            return best
+        settled = best == self.probed_best
+        self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY) if settled else PROBE_EVERY
+        self.probed_best, self.next_probe = best, self.passes + self.probe_every
+        self.probes += 1
+        near = [k for k in (best - 1, best + 1) if 0 <= k <= k_max]
+        return near[self.probes % len(near)] if near else best
 
 
 @dataclass
