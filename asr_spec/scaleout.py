@@ -84,32 +84,37 @@ class _Worker:
         self.extra = {"model": target.name, "draft": draft.name if draft else None}
         self.name = f"{socket.gethostname()}:{os.getpid()}"
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
+    def __call__(self, batch: dict[str, np.ndarray]) -> Iterator[dict[str, list]]:
+        """Transcribe a batch of files, yielding each file's row as soon as it is done (so the driver reports
+        files as they finish, not batch by batch)."""
         from .writers import write_outputs
 
         job, t0 = self.job, time.perf_counter()
-        n = len(batch["index"])
-        out: dict[str, list] = {"index": [int(i) for i in batch["index"]], "text": [""] * n,
-                                "error": [str(e) for e in batch["error"]], "write_error": [""] * n,
-                                "stats": ["{}"] * n, "seconds": [0.0] * n, "worker": [self.name] * n}
+
+        def row(j: int, text: str = "", error: str = "", write_error: str = "", stats: str = "{}") -> dict[str, list]:
+            return {"index": [int(batch["index"][j])], "text": [text], "error": [error], "write_error": [write_error],
+                    "stats": [stats], "seconds": [time.perf_counter() - t0], "worker": [self.name]}
 
         def loader(j: int):
             return lambda: np.frombuffer(batch["audio"][j], np.float32).copy()
 
-        items = [(j, loader(j)) for j in range(n) if not out["error"][j]]
+        n = len(batch["index"])
+        for j in range(n):
+            if batch["error"][j]:
+                yield row(j, error=str(batch["error"][j]))
+        items = [(j, loader(j)) for j in range(n) if not batch["error"][j]]
         for j, result in self.transcriber.transcribe_many(items, job.options, job.batch_size):
-            out["seconds"][j] = time.perf_counter() - t0
             if isinstance(result, AudioError):
-                out["error"][j] = str(result)
+                yield row(j, error=str(result))
                 continue
-            out["text"][j], out["stats"][j] = result.text, json.dumps(result.stats.as_dict())
+            problem = ""
             if job.out_dir is not None:
                 try:
                     write_outputs(result, str(batch["stem"][j]), Path(job.out_dir), list(job.formats),
                                   {"file": str(batch["path"][j]), **self.extra}, job.word_cues)
                 except OSError as e:
-                    out["write_error"][j] = f"cannot write output: {e}"
-        return out
+                    problem = f"cannot write output: {e}"
+            yield row(j, result.text, write_error=problem, stats=json.dumps(result.stats.as_dict()))
 
 
 def _ray():
