@@ -21,3 +21,25 @@ def test_clips_of_a_folder_are_joined_in_order_up_to_the_length(tmp_path):
     first = got[0][1]
     assert abs(first[0] - 0.4) < 1e-3 and abs(first[4 * rate + rate // 2] - 0.5) < 1e-3  # in order, 0.5 s apart
     assert not first[4 * rate:4 * rate + rate // 2].any()
+
+
+def test_the_shortlist_holds_every_token_the_target_said_before_corpus_tokens(tmp_path, tiny_target):
+    """The draft's head is chosen from the target's own labels first (a label outside it is a sure miss), then
+    filled with the text corpus's most frequent tokens; end-of-text and every timestamp are always in it."""
+    import torch
+
+    from asr_spec.distill.data import Example
+    from asr_spec.distill.train import DistillOptions, choose_shortlist
+
+    v = tiny_target.vocab
+    said = tiny_target.tokenizer.encode(" zygote quixotic")  # rare in the corpus below
+    ex = Example("a", "real", torch.zeros(1, 1), [v.sot], said + [v.eot], torch.zeros(1, 1), torch.zeros(1, 1))
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on the mat\n" * 50 + "a dog ran far away\n" * 10)
+    corpus = tiny_target.tokenizer.encode(" the cat sat on the mat")
+    o = DistillOptions(target="tiny", out=tmp_path, text=(text,), head_size=len(set(said)) + 3)
+    ids = set(choose_shortlist(o, tiny_target, [ex]))
+    assert set(said) <= ids  # everything the target said, although the corpus never says it
+    assert len([t for t in ids if t < v.eot]) == len(set(said)) + 3  # then the corpus's most frequent
+    assert len(set(corpus) & ids) == 3 and not set(tiny_target.tokenizer.encode(" dog ran far away")) & ids
+    assert v.eot in ids and set(range(v.timestamp_begin, v.size)) <= ids

@@ -108,19 +108,20 @@ def build_data(o: DistillOptions, target: Whisper) -> list[Example]:
 
 
 def choose_shortlist(o: DistillOptions, target: Whisper, train: list[Example]) -> list[int] | None:
-    """The head_size most frequent text tokens (pseudo-labels weighted x4, plus the text corpus), end-of-text and
-    every timestamp token. Tokens outside it are sure misses for the draft; the target still verifies."""
+    """head_size text tokens: first those of the target's own labels (most frequent first: what it says on real
+    speech), then the most frequent tokens of the text corpus; plus end-of-text and every timestamp token. Tokens
+    outside it are sure misses for the draft; the target still verifies."""
     if not o.head_size:
         return None
     v = target.vocab
-    counts: Counter[int] = Counter()
-    for ex in train:
-        counts.update({t: 4 for t in ex.labels})
+    said: Counter[int] = Counter(t for ex in train for t in ex.labels)
+    corpus: Counter[int] = Counter()
     for f in o.text:
         for line in Path(f).read_text().splitlines():
             if line.strip():
-                counts.update(target.tokenizer.encode(" " + line.strip()))
-    text = [t for t, _ in counts.most_common() if t < v.eot][: o.head_size]
+                corpus.update(target.tokenizer.encode(" " + line.strip()))
+    ranked = [t for t, _ in said.most_common()] + [t for t, _ in corpus.most_common() if t not in said]
+    text = [t for t in ranked if t < v.eot][: o.head_size]
     return sorted(set(text) | {v.eot} | set(range(v.timestamp_begin, v.size)))
 
 
