@@ -498,7 +498,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "where spec runs it in int8), spec-fullview (the draft reads the whole 30 s window, not only "
                         "the audio's frames), spec-sample, target-sample "
                         "(sampling without the draft, same seeds), draft, hf, hf-assisted, faster-whisper, "
-                        "faster-whisper-batched (its BatchedInferencePipeline)")
+                        "faster-whisper-batched (its BatchedInferencePipeline); the faster-whisper systems run int8 and "
+                        "float32, or one of them with -int8 / -float32 (faster-whisper-int8)")
     e.add_argument("--k", default="3", help="comma list of K for spec (one run each)")
     e.add_argument("--encoder-dtype", choices=["float32", "bfloat16"], default="float32",
                    help="encoder precision of our systems (target, spec, draft)")

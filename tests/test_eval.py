@@ -87,3 +87,14 @@ def test_each_batch_size_is_a_run_of_its_own():
         ("faster-whisper-batched-int8", 1), ("faster-whisper-batched-int8-b8", 8),
         ("faster-whisper-batched-float32", 1), ("faster-whisper-batched-float32-b8", 8)]
     assert all(s.chunked == s.name.startswith("spec-chunked") for s in specs)
+
+
+def test_a_faster_whisper_compute_type_can_be_named_alone():
+    from asr_spec.evaluation import systems
+
+    specs = systems.expand(["faster-whisper-int8", "faster-whisper-batched-float32"], [3], 0.5, 1, [0.3], [8])
+    assert [(s.name, s.kind, s.compute_type) for s in specs] == [
+        ("faster-whisper-int8", "faster-whisper", "int8"),
+        ("faster-whisper-batched-float32-b8", "faster-whisper-batched", "float32")]
+    with pytest.raises(ValueError, match="unknown system"):
+        systems.expand(["faster-whisper-int4"], [3], 0.5, 1)

@@ -68,6 +68,8 @@ def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
                                temperature=temperature, seed=i) for i in range(seeds)]
         elif s in ("faster-whisper", "faster-whisper-batched"):
             out += [SystemSpec(f"{s}-{ct}", s, compute_type=ct) for ct in ("int8", "float32")]
+        elif (peer := s.rsplit("-", 1))[0] in ("faster-whisper", "faster-whisper-batched") and peer[1] in ("int8", "float32"):
+            out.append(SystemSpec(s, peer[0], compute_type=peer[1]))  # one compute type only
         elif s in OURS + PEERS:
             out.append(SystemSpec(s, s))
         else:
