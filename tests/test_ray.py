@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -29,7 +30,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-AUTH = {**os.environ, "RAY_AUTH_MODE": "token"}  # 'ray start' clusters use token authentication (Ray >= 2.59)
+# 'ray start' clusters use token authentication (Ray >= 2.59): the test's cluster and driver share a token of
+# their own, so nothing on the machine (~/.ray/auth_token) is needed or touched
+AUTH = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 
 
 def _ray_cli(*args: str, timeout: int) -> subprocess.CompletedProcess:
