@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import socket
 import statistics
@@ -18,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ENV = {**os.environ, "RAY_AUTH_MODE": "token"}  # 'ray start' clusters use token authentication (Ray >= 2.59)
+# 'ray start' clusters use token authentication (Ray >= 2.59): this cluster and its driver share a token of their own
+ENV = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 
 
 def transcribe(files: list[str], out: Path, extra: list[str]) -> tuple[float, subprocess.CompletedProcess]:
