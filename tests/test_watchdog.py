@@ -16,7 +16,7 @@ from collections import Counter
 import jiwer
 import numpy as np
 import pytest
-from conftest import DEV
+from conftest import DEV, system_tool
 from test_server import pcm16, running
 from websockets.sync.client import connect
 from whisper_normalizer.basic import BasicTextNormalizer
@@ -278,7 +278,8 @@ def test_token_dense_german_speech(server, transcriber, tmp_path):
             "Investitionen in die Infrastruktur. Experten erwarten lange Verhandlungen im Bundestag. Am Wochenende soll "
             "das Wetter in ganz Deutschland freundlich werden, mit Temperaturen bis zu fünfundzwanzig Grad. Im Norden "
             "kann es vereinzelt regnen, im Süden bleibt es meist trocken.")
-    subprocess.run(["espeak-ng", "-v", "de", "-s", "150", "-w", str(wav), text], check=True, timeout=60)
+    espeak = system_tool("espeak-ng", install="sudo apt-get install espeak-ng (.ci/run installs it)")
+    subprocess.run([espeak, "-v", "de", "-s", "150", "-w", str(wav), text], check=True, timeout=60)
     audio = load_audio(wav)
     offline = transcriber.transcribe(audio, TranscribeOptions(language="de")).text
     events = run_with_deadline(lambda: stream_file(url, audio, None, language="de"), 300)
