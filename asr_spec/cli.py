@@ -6,7 +6,10 @@ import itertools
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
+
+from .models.compute import COMPUTE_TYPES
 
 DEFAULT_DRAFT = "auto"  # the draft shipped for the target (asr_spec/drafts/), else none
 SAMPLE = Path(__file__).parent / "samples" / "jfk.flac"
@@ -44,13 +47,21 @@ def _draft_spec(args: argparse.Namespace) -> str | None:
     return None if args.no_draft else args.draft
 
 
+def _model_options(args: argparse.Namespace):
+    """The one options object every command loads its models from (--model/--draft/--no-draft/--device/
+    --compute-type/--threads)."""
+    from .models.loader import ModelOptions
+
+    return ModelOptions(args.model, _draft_spec(args), args.torch_device, args.compute_type, args.threads)
+
+
 def _load_models(args: argparse.Namespace):
-    """(target, draft or None) from --model/--draft/--no-draft/--device, or None after printing the error."""
-    from .models.loader import ModelError, load_models
+    """(target, draft or None) from the command's model options, or None after printing the error."""
+    from .models.loader import ModelError, load
 
     t0 = time.perf_counter()
     try:
-        target, draft = load_models(args.model, _draft_spec(args), args.torch_device, args.encoder_dtype)
+        target, draft = load(_model_options(args))
     except ModelError as e:
         print(f"error: {e}", file=sys.stderr)
         return None
@@ -59,15 +70,17 @@ def _load_models(args: argparse.Namespace):
     return target, draft
 
 
-def _model_args(p: argparse.ArgumentParser, device_flag: str = "--device", encoder_dtype: str = "float32") -> None:
+def _model_args(p: argparse.ArgumentParser, device_flag: str = "--device", compute_type: str = "float32") -> None:
     p.add_argument("--model", default="whisper-base", help="target: whisper-base (embedded), a local directory or a Hugging Face id")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft: 'auto' (the one shipped for the target), a directory or id "
                    "(asr_spec distill output, decoder-only or full Whisper) or layers:I,J (untrained copy)")
     p.add_argument("--no-draft", action="store_true", help="target-only decoding (the baseline)")
     p.add_argument(device_flag, dest="torch_device", default="cpu", help="torch device (cpu, cuda, ...)")
-    p.add_argument("--encoder-dtype", choices=["float32", "bfloat16", "auto"], default=encoder_dtype,
-                   help="encoder precision: bfloat16 is about 2x faster on CPUs with AVX512-BF16 (slightly different "
-                   f"output); auto = bfloat16 where the device computes it natively (default {encoder_dtype})")
+    p.add_argument("--compute-type", choices=COMPUTE_TYPES, default=compute_type, metavar="TYPE",
+                   help="precision of the whole model, CTranslate2's names: " + ", ".join(COMPUTE_TYPES) + "; int8 = int8 "
+                   "weights with the best float the device computes natively; auto = the fastest type the device "
+                   "computes natively (int8 on a CPU, float16 on CUDA). Each type gives slightly different text; "
+                   f"speculation is exact at every type (default {compute_type})")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice; with --ray: per worker, default 1)")
 
 
@@ -86,24 +99,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    import torch
-
-    from .models.loader import offline_encoder
     from .server.app import Server, ServerConfig
     from .server.openai_api import FileWorker
     from .streaming.engine import Engine, EngineConfig
     from .recognizer import Recognizer
     from .transcribe import Transcriber
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if (models := _load_models(args)) is None:
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     target, draft = models
     engine = Engine(Recognizer(target, draft), EngineConfig(max_batch=args.max_batch))
-    # uploads get `asr_spec transcribe`'s defaults (float32 encoder), whatever precision streaming runs at
-    files = FileWorker(Transcriber(offline_encoder(target), draft), batch_size=args.file_batch,
+    # uploads run at the server's compute type (one model in memory)
+    files = FileWorker(Transcriber(target, draft), batch_size=args.file_batch,
                        max_yield_s=args.upload_yield)
     max_sessions = args.max_sessions or _real_time_sessions(args.torch_device)
     config = ServerConfig(host=args.host, port=args.port, max_sessions=max_sessions,
@@ -331,15 +339,14 @@ def _transcribe_on_ray(args, files, stems, out_dir, formats, batch_size, bar, re
     except ImportError as e:  # numpy etc. are there; only ray can be missing, and scaleout imports it lazily
         print(f"error: {e}", file=sys.stderr)
         return None
-    job = Job(args.model, _draft_spec(args), args.torch_device, args.encoder_dtype, _options(args), batch_size,
-              args.threads or 1, None if out_dir is None else str(out_dir.resolve()), tuple(formats), args.word_cues)
+    job = Job(replace(_model_options(args), threads=args.threads or 1), _options(args), batch_size, None if out_dir is None else str(out_dir.resolve()), tuple(formats), args.word_cues)
     try:
         resources = connect(None if args.ray == "local" else args.ray)
     except RayUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return None
     workers = args.workers or default_workers(resources, job)
-    print(f"ray: {workers} worker(s) x {job.threads} thread(s), {batch_size} files in flight each; cluster "
+    print(f"ray: {workers} worker(s) x {job.models.threads} thread(s), {batch_size} files in flight each; cluster "
           f"{resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs", file=sys.stderr)
     failures = 0
     for r in run(job, [str(f) for f in files], stems, workers):
@@ -362,7 +369,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                        systems=tuple(s.strip() for s in args.systems.split(",") if s.strip()),
                        ks=tuple(int(k) for k in args.k.split(",")),
                        draft_stops=tuple(float(p) for p in args.draft_stop.split(",")), limit=args.limit, repeat=args.repeat,
-                       encoder_dtype=args.encoder_dtype, encoder_window=args.encoder_window,
+                       compute_type=args.compute_type, encoder_window=args.encoder_window,
                        temperature=args.temperature, seeds=args.seeds, model=args.model,
                        draft=args.draft,
                        language=args.language or None, threads=args.threads,
@@ -398,7 +405,8 @@ def cmd_distill(args: argparse.Namespace) -> int:
                        head_size=args.head_size, tts_clips=args.tts_clips,
                        tts_engines=tuple(e for e in args.tts_engines.split(",") if e), minutes=args.minutes,
                        max_steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
-                       session_s=args.session_seconds, init=Path(args.init) if args.init else None)
+                       session_s=args.session_seconds, init=Path(args.init) if args.init else None,
+                       compute_type=args.compute_type)
     try:
         report = distill(o)
     except (ModelError, RuntimeError) as e:
@@ -467,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="uploads wait up to this many seconds at each window step while live streams are due "
                         "(0: uploads and streams share the CPU equally)")
     v.add_argument("--idle-timeout", type=float, default=60.0, help="close sessions silent for this many seconds")
-    _model_args(v, encoder_dtype="auto")  # streaming re-runs the encoder often: latency first
+    _model_args(v, compute_type="auto")  # live sessions: latency first
     v.set_defaults(func=cmd_serve)
 
     m = sub.add_parser("mic", help="live microphone transcription in the terminal")
@@ -477,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--language", default="en", help="language code, or '' to detect")
     m.add_argument("--api-key", help="bearer token for --url (or ASR_SPEC_API_KEY)")
     m.add_argument("--input-file", help="replay this audio file at real time instead of the microphone")
-    _model_args(m, device_flag="--torch-device", encoder_dtype="auto")  # --device is the microphone
+    _model_args(m, device_flag="--torch-device", compute_type="auto")  # --device is the microphone
     m.set_defaults(func=cmd_mic)
 
     c = sub.add_parser("stream", help="send an audio file to asr_spec serve as a live stream and print the events")
@@ -501,8 +509,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "faster-whisper-batched (its BatchedInferencePipeline); the faster-whisper systems run int8 and "
                         "float32, or one of them with -int8 / -float32 (faster-whisper-int8)")
     e.add_argument("--k", default="3", help="comma list of K for spec (one run each)")
-    e.add_argument("--encoder-dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="encoder precision of our systems (target, spec, draft)")
+    e.add_argument("--compute-type", choices=COMPUTE_TYPES, default="float32", metavar="TYPE",
+                   help="compute type of our systems without one in their name (spec-int8 names its own): "
+                   + ", ".join(COMPUTE_TYPES))
     e.add_argument("--encoder-window", choices=["full", "audio"], default="full",
                    help="our systems' encoder input: padded 30 s windows (default) or only the audio")
     e.add_argument("--draft-stop", default="0.3", help="comma list of adaptive draft-length thresholds (one run per K and each)")
@@ -538,6 +547,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--lr", type=float, default=7e-4)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--threads", type=int, default=0)
+    d.add_argument("--compute-type", choices=COMPUTE_TYPES, default="float32", metavar="TYPE",
+                   help="compute type of the target that labels the audio (the draft learns that target's tokens; "
+                   "training itself runs in float32): " + ", ".join(COMPUTE_TYPES))
     d.set_defaults(func=cmd_distill)
     return p
 

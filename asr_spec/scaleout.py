@@ -22,6 +22,7 @@ import numpy as np
 from .audio import AudioError, load_audio
 
 if TYPE_CHECKING:  # the read tasks import this module: they need no torch
+    from .models.loader import ModelOptions
     from .transcribe import TranscribeOptions
 
 INSTALL_HINT = 'Ray is not installed: pip install "asr_spec[ray]" (or pip install "ray[data]")'
@@ -35,13 +36,9 @@ class RayUnavailable(RuntimeError):
 class Job:
     """Everything a worker needs: which models, how to decode, where to write."""
 
-    model: str
-    draft: str | None  # "auto" (the shipped draft), a draft spec, or None for target-only
-    device: str
-    encoder_dtype: str
+    models: ModelOptions  # model, draft, device, compute type, torch threads per worker
     options: TranscribeOptions
     batch_size: int  # files in flight inside one worker
-    threads: int  # torch threads per worker
     out_dir: str | None
     formats: tuple[str, ...] = ()
     word_cues: bool = False
@@ -71,14 +68,10 @@ class _Worker:
     """A Ray actor: one model, the batched speculative decoder, atomic outputs."""
 
     def __init__(self, job: Job):
-        import torch
-
-        from .models.loader import load_models
+        from .models.loader import load
         from .transcribe import Transcriber
 
-        if job.threads:
-            torch.set_num_threads(job.threads)
-        target, draft = load_models(job.model, job.draft, job.device, job.encoder_dtype)
+        target, draft = load(job.models)
         self.job = job
         self.transcriber = Transcriber(target, draft)
         self.extra = {"model": target.name, "draft": draft.name if draft else None}
@@ -151,9 +144,9 @@ def connect(address: str | None) -> dict[str, float]:
 
 def default_workers(resources: dict[str, float], job: Job) -> int:
     """One worker per GPU on CUDA, else the cluster's CPUs divided by each worker's threads."""
-    if job.device.startswith("cuda"):
+    if job.models.device.startswith("cuda"):
         return max(1, int(resources.get("GPU", 0)))
-    return max(1, int(resources.get("CPU", 1) // max(job.threads, 1)))
+    return max(1, int(resources.get("CPU", 1) // max(job.models.threads, 1)))
 
 
 def run(job: Job, paths: list[str], stems: list[str], workers: int) -> Iterator[FileResult]:
@@ -164,13 +157,13 @@ def run(job: Job, paths: list[str], stems: list[str], workers: int) -> Iterator[
     ctx.enable_progress_bars = False  # the command line shows its own progress over files and audio seconds
     ctx.print_on_execution_start = False
     rows = [{"index": i, "path": p, "stem": s} for i, (p, s) in enumerate(zip(paths, stems))]
-    gpu = job.device.startswith("cuda")
+    gpu = job.models.device.startswith("cuda")
     ds = (ray.data.from_items(rows, override_num_blocks=max(1, len(rows)))
           # reading is light: it never waits for the workers' CPUs, and a few tasks at a time keep them fed
           .map(_read, num_cpus=0, compute=ray.data.TaskPoolStrategy(size=max(2, workers)))
           .map_batches(_Worker, fn_constructor_kwargs={"job": job}, batch_size=job.batch_size,
                        batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=workers),
-                       num_cpus=0 if gpu else max(job.threads, 1), num_gpus=1 if gpu else 0))
+                       num_cpus=0 if gpu else max(job.models.threads, 1), num_gpus=1 if gpu else 0))
     for row in ds.iter_rows():
         yield FileResult(int(row["index"]), str(row["text"]), str(row["error"]), str(row["write_error"]),
                          json.loads(row["stats"]), float(row["seconds"]), str(row["worker"]))

@@ -1,14 +1,14 @@
 """Offline WER and time with the encoder on the window's audio only (``--encoder-window audio``) against
 Whisper's padded 30 s window, for several lengths of silence kept after the audio (the shipped choice is
-``asr_spec.features.TAIL_FRAMES``). Text-only comparison: target alone, fp32 encoder unless given.
+``asr_spec.features.TAIL_FRAMES``). Text-only comparison: target alone, float32 unless a compute type is given.
 
-    python eval/bench_encoder_window.py N_UTTERANCES [float32|bfloat16] [TAIL_FRAMES,...]
+    python eval/bench_encoder_window.py N_UTTERANCES [COMPUTE_TYPE] [TAIL_FRAMES,...]
 """
 import json, sys, time, torch
 from pathlib import Path
 import asr_spec.features as F
 from asr_spec.audio import load_audio
-from asr_spec.models.loader import load_target, with_encoder_dtype
+from asr_spec.models.loader import load_target
 from asr_spec.transcribe import Transcriber, TranscribeOptions
 import jiwer
 from whisper_normalizer.english import EnglishTextNormalizer
@@ -16,7 +16,7 @@ norm=EnglishTextNormalizer()
 torch.set_num_threads(2)
 root=Path('../shared/data/dev'); items=[json.loads(l) for l in open(root/'manifest.jsonl')][:int(sys.argv[1])]
 items=[i for i in items if 'long' not in i['id']]
-tgt=with_encoder_dtype(load_target(), sys.argv[2] if len(sys.argv)>2 else 'float32')
+tgt=load_target(compute_type=sys.argv[2] if len(sys.argv)>2 else 'float32')
 tr=Transcriber(tgt, None)
 audios=[load_audio(root/i['audio']) for i in items]
 refs=[i['text'] for i in items]

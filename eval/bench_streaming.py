@@ -31,7 +31,7 @@ from whisper_normalizer.english import EnglishTextNormalizer
 
 from asr_spec.audio import load_audio
 from asr_spec.clients.stream import stream_file
-from asr_spec.models.loader import default_draft, load_draft, load_target, with_encoder_dtype
+from asr_spec.models.loader import ModelOptions, load
 from asr_spec.server.app import Server, ServerConfig
 from asr_spec.streaming.engine import Engine, EngineConfig, stream_audio
 from asr_spec.streaming.stream import StreamConfig
@@ -181,14 +181,14 @@ def main() -> None:
     ap.add_argument("--encoder-windows", default="audio,full",
                     help="streamed WER with the encoder on the buffer's audio (the default) and on padded 30 s windows")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--encoder-dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--compute-type", default="auto", help="as serve's --compute-type (default auto, serve's own)")
     ap.add_argument("--out", default=str(ROOT / "eval" / "results" / "streaming"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    target = with_encoder_dtype(load_target(), args.encoder_dtype)
-    tr = Transcriber(target, load_draft(default_draft("whisper-base"), target))
+    target, draft = load(ModelOptions(compute_type=args.compute_type))
+    tr = Transcriber(target, draft)
     items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
-    results: dict = {"step_s": args.step, "threads": args.threads, "encoder_dtype": args.encoder_dtype}
+    results: dict = {"step_s": args.step, "threads": args.threads, "compute_type": target.precision.name}
     if not args.skip_wer:
         dev = items[: args.limit] if args.limit else items
         long_items = [json.loads(x) for x in (DEV / "longform" / "manifest.jsonl").read_text().splitlines()]
@@ -204,11 +204,11 @@ def main() -> None:
         row = capacity(tr, items, n, args.seconds, args.step)
         print(row, flush=True)
         results["capacity"].append(row)
-    out = Path(args.out + ("" if args.encoder_dtype == "float32" else f"-{args.encoder_dtype}"))
+    out = Path(args.out + ("" if args.compute_type == "auto" else f"-{args.compute_type}"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     lines = ["# Streaming benchmark", "", f"`python eval/bench_streaming.py` · step {args.step} s · {args.threads} threads"
-             f" · encoder {args.encoder_dtype}", ""]
+             f" · compute type {target.precision.name}", ""]
     for key in [k for k in results if k.startswith("wer_")]:
         r = results[key]
         lines.append(f"- {key}: {r['utterances']} file(s), WER offline {r['wer_offline']} %, streaming "

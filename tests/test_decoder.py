@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from asr_spec.decoding.costs import FIRST_TRIES, MAX_PROBE_EVERY, PROBE_EVERY, CostModel
-from asr_spec.models.kv_decoder import StaticDecoder, int8_available
+from asr_spec.models.compute import int8_kernels
+from asr_spec.models.kv_decoder import StaticDecoder
 from asr_spec.decoding.logits import LogitRules
 from asr_spec.decoding.speculative import DecodeOptions, Decoders, Request, speculative_decode
 from asr_spec.models.loader import load_draft
@@ -60,7 +61,7 @@ def test_reduced_head_gives_minus_inf_outside_the_shortlist(tiny_target):
     assert torch.isinf(small[..., mask]).all()
 
 
-@pytest.mark.skipif(not int8_available(torch.device("cpu"), torch.float32), reason="no int8 CPU kernels here")
+@pytest.mark.skipif(not int8_kernels("cpu"), reason="no int8 CPU kernels here")
 def test_an_int8_draft_stays_close_to_its_float32_weights(tiny_target):
     """Int8 draft layers change a draft's logits by quantisation noise only (its proposals, never the text:
     the target verifies every token; see the int8 case of the exactness test below)."""

@@ -96,41 +96,6 @@ def test_ct2_reader_reads_the_embedded_checkpoint_and_rejects_truncation(tmp_pat
         read_model_bin([cut])
 
 
-def test_a_bfloat16_encoder_is_a_close_float32_producing_copy(tiny_target):
-    import torch
-
-    from asr_spec.models.loader import ModelError, with_encoder_dtype
-
-    assert with_encoder_dtype(tiny_target, "float32") is tiny_target
-    fast = with_encoder_dtype(tiny_target, "bfloat16")
-    mel = torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(0))
-    ref, out = tiny_target.encode(mel), fast.encode(mel)
-    assert out.dtype == torch.float32 and out.shape == ref.shape
-    assert 0 < (out - ref).abs().max() < 0.1 * ref.abs().max()  # really lower precision, still the same encoder
-    assert next(tiny_target.encoder.parameters()).dtype == torch.float32  # the original is untouched
-    with pytest.raises(ModelError, match="encoder dtype"):
-        with_encoder_dtype(tiny_target, "int4")
-
-
-def test_auto_encoder_dtype_follows_the_cpu(tmp_path):
-    """auto picks bfloat16 only on a CPU whose flags say it computes it natively (fake /proc/cpuinfo files)."""
-    from asr_spec.models.loader import resolve_encoder_dtype
-
-    def cpu(flags: str) -> str:
-        f = tmp_path / f"cpuinfo-{len(list(tmp_path.iterdir()))}"
-        f.write_text(f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu sse2 avx2 {flags}\n\n"
-                     f"processor\t: 1\nflags\t\t: fpu sse2 avx2 {flags}\n")
-        return str(f)
-
-    assert resolve_encoder_dtype("auto", "cpu", cpu("avx512f avx512_bf16")) == "bfloat16"
-    assert resolve_encoder_dtype("auto", "cpu", cpu("amx_bf16 amx_tile")) == "bfloat16"
-    assert resolve_encoder_dtype("auto", "cpu", cpu("avx512f avx512bw")) == "float32"  # AVX-512 without BF16
-    assert resolve_encoder_dtype("auto", "cpu", cpu("")) == "float32"
-    assert resolve_encoder_dtype("auto", "cpu", str(tmp_path / "missing")) == "float32"
-    assert resolve_encoder_dtype("float32", "cpu", cpu("avx512_bf16")) == "float32"
-    assert resolve_encoder_dtype("bfloat16", "cpu", cpu("")) == "bfloat16"
-
-
 def test_any_length_encoder_equals_transformers_on_full_windows_and_takes_short_ones(tiny_target):
     """Our encoder forward is transformers' on 30 s windows (bit for bit) and accepts shorter inputs, whose
     output is the full window's computation with the positional embeddings sliced."""

@@ -45,6 +45,7 @@ class DistillOptions:
     seed: int = 0
     eval_every: int = 50
     label_batch: int = 8
+    compute_type: str = "float32"  # the target that labels the audio runs at this type (training is float32)
 
 
 @dataclass
@@ -64,7 +65,7 @@ def _log(msg: str) -> None:
 
 def build_data(o: DistillOptions, target: Whisper) -> list[Example]:
     """Label every clip once; shards in out/cache make a rerun resume where it stopped."""
-    cache = workdir(o) / "cache"
+    cache = workdir(o) / ("cache" if o.compute_type == "float32" else f"cache-{o.compute_type}")
     cache.mkdir(parents=True, exist_ok=True)
     sources: list[tuple[str, list[Path]]] = [("real", audio_files(list(o.audio)))]
     if o.text and o.tts_clips:
@@ -195,7 +196,8 @@ def distill(o: DistillOptions) -> dict:
     for p in target.hf.parameters():
         p.requires_grad_(False)
     t0 = time.perf_counter()
-    examples = build_data(o, target)
+    # labels at the compute type the draft will serve (the draft learns that target's tokens)
+    examples = build_data(o, target if o.compute_type == "float32" else load_target(o.target, compute_type=o.compute_type))
     label_seconds = time.perf_counter() - t0
     held = [e for e in examples if e.held_aside] or examples[-1:]  # small runs: hold at least one aside
     train = [e for e in examples if e not in held]

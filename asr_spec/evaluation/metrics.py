@@ -79,7 +79,11 @@ def summarize(run: dict, refs: dict[str, str], target_texts: dict[str, str] | No
     return out
 
 
-def speedups(summaries: dict[str, dict], baseline: str, key: str) -> dict[str, float | None]:
-    """baseline[key] / system[key] for every system (how many times faster than the baseline)."""
-    base = summaries.get(baseline, {}).get(key)
-    return {name: (round(base / s[key], 3) if base and s.get(key) else None) for name, s in summaries.items()}
+def speedups(summaries: dict[str, dict], baseline: str | dict[str, str], key: str) -> dict[str, float | None]:
+    """baseline[key] / system[key] for every system (how many times faster than the baseline); ``baseline``: one
+    system's name, or each system's own baseline by name (a system without one in ``summaries`` gets None)."""
+    def ratio(name: str, s: dict) -> float | None:
+        base = summaries.get(baseline if isinstance(baseline, str) else baseline.get(name, ""), {}).get(key)
+        return round(base / s[key], 3) if base and s.get(key) else None
+
+    return {name: ratio(name, s) for name, s in summaries.items()}

@@ -19,11 +19,11 @@ def _x(v) -> str:
 def table(results: dict) -> str:
     s = results["systems"]
     vt_wall, vt_dec = results["speedup_vs_target"]["wall"], results["speedup_vs_target"]["decode"]
-    head = ("| system | WER % | identical to target | α | accepted/drafted | tokens/pass | encoder s | decode s "
+    head = ("| system | compute type | WER % | identical to target | α | accepted/drafted | tokens/pass | encoder s | decode s "
             "| wall s | RTF | tokens/s | peak RSS MB | wall speed-up vs target | decode speed-up vs target |")
-    rows = [head, "|" + "---|" * 14]
+    rows = [head, "|" + "---|" * 15]
     for name, m in s.items():
-        rows.append(f"| {name} | {_fmt(m['wer'])} | {_fmt(m['identical_to_target'])}/{m['utterances']} "
+        rows.append(f"| {name} | {_fmt(m.get('compute_type'))} | {_fmt(m['wer'])} | {_fmt(m['identical_to_target'])}/{m['utterances']} "
                     f"| {_fmt(m.get('acceptance'), True)} | {_fmt(m.get('accepted_per_drafted'), True)} "
                     f"| {_fmt(m.get('tokens_per_pass'))} | {_fmt(m['encoder_s'])} | {_fmt(m['decode_s'])} "
                     f"| {_fmt(m['wall_s'])} | {_fmt(m['rtf'])} | {_fmt(m['tokens_per_s'])} | {_fmt(m['peak_rss_mb'])} "
@@ -39,6 +39,15 @@ def peer_table(results: dict) -> str:
     for name in results["systems"]:
         rows.append(f"| {name} | " + " | ".join(_x(peers[p].get(name)) for p in peers) + " |")
     return "\n".join(rows)
+
+
+def like_for_like(results: dict) -> str:
+    """The pairs of one of ours and one peer that compute at the same type (weights and activations)."""
+    s = results["systems"]
+    peers = set(results["speedup_vs_peer"])
+    pairs = [f"{a} and {b} ({s[a]['compute_type']})" for a in s if a not in peers for b in sorted(peers)
+             if s[a].get("compute_type") and s[a]["compute_type"] == s[b].get("compute_type")]
+    return "; ".join(pairs) or "none in this run"
 
 
 def write_report(results: dict, out: Path) -> None:
@@ -59,6 +68,10 @@ target pass emits. Peers report wall time only. Decoding mode: every system deco
 compares like with like; `spec-sample` is compared with `target-sample` (the same seeds, no draft).
 
 {table(results)}
+
+"identical to target" and the speed-ups vs target compare each of our systems with target-only decoding at its
+own compute type (spec-int8 with target-int8). Like for like (ours and a peer at the same compute type; CTranslate2's
+int8 on a CPU is int8 weights with float32 activations): {like_for_like(results)}.
 
 Wall-clock speed-up against each peer (peer wall / system wall):
 

@@ -24,7 +24,7 @@ class EvalOptions:
     systems: tuple[str, ...] = ("target", "spec", "draft", "hf", "hf-assisted", "faster-whisper")
     ks: tuple[int, ...] = (3,)
     draft_stops: tuple[float, ...] = (0.3,)
-    encoder_dtype: str = "float32"
+    compute_type: str = "float32"  # our systems without a compute type in their name
     encoder_window: str = "full"
     limit: int = 0
     repeat: int = 1
@@ -93,7 +93,7 @@ def evaluate(o: EvalOptions) -> dict:
     threads = o.threads or torch.get_num_threads()
     items = read_manifest(o.manifest, o.limit)
     draft = (default_draft(o.model) or "layers:0,5") if o.draft == "auto" else o.draft
-    setup = Setup(o.model, draft, o.language, threads, o.encoder_dtype, o.encoder_window)
+    setup = Setup(o.model, draft, o.language, threads, o.compute_type, o.encoder_window)
     specs = expand(list(o.systems), list(o.ks), o.temperature, o.seeds, list(o.draft_stops), list(o.batch_sizes))
     runs, skipped = {}, {}
     for spec in specs:
@@ -111,13 +111,14 @@ def evaluate(o: EvalOptions) -> dict:
     def texts(name: str) -> dict | None:
         return {i: r["text"] for i, r in runs[name]["items"].items()} if name in runs else None
 
-    # "identical to target": to target-only decoding in the same mode (sampling: same temperature and seed)
-    summaries = {name: summarize(run, refs, texts(name.replace("spec-sample", "target-sample", 1)
-                                                  if name.startswith("spec-sample") else "target"))
-                 for name, run in runs.items()}
+    # "identical to target": to target-only decoding in the same mode and at the same compute type (sampling:
+    # same temperature and seed)
+    baselines = {name: run["system"]["baseline"] for name, run in runs.items()}
+    summaries = {name: summarize(run, refs, texts(baselines[name])) for name, run in runs.items()}
     for name, run in runs.items():
         summaries[name]["load_s"] = run["load_s"]
         summaries[name]["run_wall_s"] = run["run_wall_s"]  # each repeat's wall time over the whole manifest
+        summaries[name]["compute_type"] = run.get("compute_type")
     peers = [n for n, r in runs.items() if r["system"]["kind"] not in OURS]
     results = {
         "environment": environment(threads),
@@ -125,8 +126,8 @@ def evaluate(o: EvalOptions) -> dict:
         "manifest": str(o.manifest), "utterances": len(items), "audio_s": summaries and next(iter(summaries.values()))["audio_s"],
         "systems": summaries,
         "skipped": skipped,
-        "speedup_vs_target": {"wall": speedups(summaries, "target", "wall_s"),
-                              "decode": speedups(summaries, "target", "decode_s")},
+        "speedup_vs_target": {"wall": speedups(summaries, baselines, "wall_s"),
+                              "decode": speedups(summaries, baselines, "decode_s")},
         "speedup_vs_peer": {p: speedups(summaries, p, "wall_s") for p in peers},
         "per_utterance": {name: {i: {"text": r["text"], "wall_s": r["wall_s"]} for i, r in run["items"].items()}
                           for name, run in runs.items()},

@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 
 from ..audio import SAMPLE_RATE
+from ..models.compute import COMPUTE_TYPES
 
 OURS = ("target", "spec", "spec-fixed", "spec-chunked", "spec-fp32draft", "spec-fullview", "spec-sample", "target-sample",
         "draft")
@@ -25,12 +26,13 @@ class SystemSpec:
     draft_stop: float = 0.0
     temperature: float = 0.0
     seed: int = 0
-    compute_type: str = ""
+    compute_type: str = ""  # ours: "" = the run's --compute-type; faster-whisper: its compute_type
     adaptive_k: bool = True  # spec: each pass's draft length by measured cost (spec-fixed: always k)
     chunked: bool = False  # spec-chunked: a file's speech chunks decoded side by side without prompts
     batch_size: int = 1  # ours: windows in flight (files, or chunks); faster-whisper-batched: its batch size
     draft_int8: bool | None = None  # the draft's linear layers in int8 (None: where the CPU has the kernels)
     draft_full_view: bool = False  # the draft reads the whole 30 s window's encoder output (default: the audio's)
+    baseline: str = "target"  # the target-only run this one is compared with (same compute type and mode)
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class Setup:
     draft: str
     language: str | None
     threads: int
-    encoder_dtype: str = "float32"  # our systems' encoder precision
+    compute_type: str = "float32"  # our systems' compute type where their name gives none
     encoder_window: str = "full"  # our systems' encoder input: padded 30 s windows, or only the audio
 
 
@@ -55,25 +57,31 @@ class Output:
 def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
            stops: list[float] = [0.0], batch_sizes: list[int] = [1]) -> list[SystemSpec]:  # noqa: B006 (never mutated)
     """The runs of each named system: one per K and draft-stop (spec), seed (sampling), compute type
-    (faster-whisper) and batch size (ours and faster-whisper-batched; "-b8" in the name when above 1)."""
+    (faster-whisper) and batch size (ours and faster-whisper-batched; "-b8" in the name when above 1). Our systems
+    take a compute type as a suffix (spec-int8, target-bfloat16, spec-sample-int8); faster-whisper any of
+    CTranslate2's (faster-whisper-int8_float32); alone it runs int8 and float32."""
     out: list[SystemSpec] = []
-    for s in systems:
+    for name in systems:
+        stem, _, suffix = name.rpartition("-")
+        s, ct = (stem, suffix) if suffix in COMPUTE_TYPES and stem in OURS else (name, "")
+        tag = f"-{ct}" if ct else ""
         if s in ("spec", "spec-fixed", "spec-chunked", "spec-fp32draft", "spec-fullview"):
-            out += [SystemSpec(f"{s}-k{k}" + (f"-stop{p:g}" if p else ""), "spec", k=k, draft_stop=p,
-                               adaptive_k=s != "spec-fixed", chunked=s == "spec-chunked",
+            out += [SystemSpec(f"{s}-k{k}" + (f"-stop{p:g}" if p else "") + tag, "spec", k=k, draft_stop=p,
+                               compute_type=ct, adaptive_k=s != "spec-fixed", chunked=s == "spec-chunked",
                                draft_int8=False if s == "spec-fp32draft" else None,
-                               draft_full_view=s == "spec-fullview") for k in ks for p in stops]
+                               draft_full_view=s == "spec-fullview", baseline="target" + tag) for k in ks for p in stops]
         elif s in ("spec-sample", "target-sample"):  # same seeds: the same text (sampling is keyed, not drawn)
-            out += [SystemSpec(f"{s}-t{temperature}-s{i}", s, k=ks[0], draft_stop=stops[0],
-                               temperature=temperature, seed=i) for i in range(seeds)]
+            out += [SystemSpec(f"{s}-t{temperature}-s{i}{tag}", s, k=ks[0], draft_stop=stops[0], compute_type=ct,
+                               temperature=temperature, seed=i, baseline=f"target-sample-t{temperature}-s{i}{tag}")
+                    for i in range(seeds)]
         elif s in ("faster-whisper", "faster-whisper-batched"):
-            out += [SystemSpec(f"{s}-{ct}", s, compute_type=ct) for ct in ("int8", "float32")]
-        elif (peer := s.rsplit("-", 1))[0] in ("faster-whisper", "faster-whisper-batched") and peer[1] in ("int8", "float32"):
-            out.append(SystemSpec(s, peer[0], compute_type=peer[1]))  # one compute type only
+            out += [SystemSpec(f"{s}-{c}", s, compute_type=c) for c in ("int8", "float32")]
+        elif stem in ("faster-whisper", "faster-whisper-batched") and suffix in COMPUTE_TYPES:
+            out.append(SystemSpec(name, stem, compute_type=suffix))  # one compute type only
         elif s in OURS + PEERS:
-            out.append(SystemSpec(s, s))
+            out.append(SystemSpec(s + tag, s, compute_type=ct, baseline="target" + tag))
         else:
-            raise ValueError(f"unknown system {s!r}; choose from {', '.join(OURS + PEERS)}")
+            raise ValueError(f"unknown system {name!r}; choose from {', '.join(OURS + PEERS)}")
     batched = lambda spec: spec.kind in OURS or spec.kind == "faster-whisper-batched"  # noqa: E731
     return [replace(spec, name=spec.name + (f"-b{n}" if n > 1 else ""), batch_size=n) if batched(spec) else spec
             for spec in out for n in (batch_sizes if batched(spec) else [None])]
@@ -90,6 +98,18 @@ def missing(spec: SystemSpec) -> str | None:
 Transcribe = Callable[[list[np.ndarray]], list[Output]]
 
 
+def resolved_type(spec: SystemSpec, setup: Setup) -> str:
+    """The concrete compute type a system runs at (CTranslate2's int8 on a CPU is int8 weights with float32
+    activations: int8_float32), so that like-for-like pairs can be named."""
+    from ..models.compute import resolve_compute_type
+
+    if spec.kind in OURS:
+        return resolve_compute_type(spec.compute_type or setup.compute_type).name
+    if spec.kind.startswith("faster-whisper"):
+        return {"int8": "int8_float32", "auto": "int8_float32", "default": "float32"}.get(spec.compute_type, spec.compute_type)
+    return "float32"
+
+
 def build(spec: SystemSpec, setup: Setup) -> Transcribe:
     """Load the models of one system; return a function that transcribes a list of utterances (outputs in
     their order). With files in flight together, an output's ``wall_s`` is the time since the previous file
@@ -102,11 +122,11 @@ def build(spec: SystemSpec, setup: Setup) -> Transcribe:
 
 
 def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
-    from ..models.loader import load_draft, load_target, with_encoder_dtype
+    from ..models.loader import load_draft, load_target
     from ..recognizer import Checks, temperature_ladder
     from ..transcribe import TranscribeOptions, Transcriber
 
-    target = with_encoder_dtype(load_target(setup.model), setup.encoder_dtype)
+    target = load_target(setup.model, compute_type=spec.compute_type or setup.compute_type)
     draft = load_draft(setup.draft, target, spec.draft_int8) if spec.kind not in ("target", "target-sample") else None
     tr = Transcriber(draft.alone(target)) if spec.kind == "draft" else Transcriber(target, draft)
     # the draft alone: one greedy attempt (a failing draft would otherwise retry at every temperature)

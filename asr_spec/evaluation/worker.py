@@ -14,7 +14,7 @@ import torch
 
 from ..audio import SAMPLE_RATE, load_audio
 from ..models.loader import load_tokenizer
-from .systems import Setup, SystemSpec, build
+from .systems import Setup, SystemSpec, build, resolved_type
 
 
 def main(job_path: str, out_path: str) -> None:
@@ -48,7 +48,7 @@ def main(job_path: str, out_path: str) -> None:
     for rec in items.values():
         rec["text_tokens"] = len(tokenizer.encode(rec["text"]))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    result = {"system": asdict(spec), "load_s": round(load_s, 2), "peak_rss_mb": round(peak, 1),
+    result = {"system": asdict(spec), "compute_type": resolved_type(spec, setup), "load_s": round(load_s, 2), "peak_rss_mb": round(peak, 1),
               "run_wall_s": [round(w, 3) for w in run_wall], "items": items}
     with open(out_path, "w") as f:
         json.dump(result, f)

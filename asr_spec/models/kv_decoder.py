@@ -79,33 +79,80 @@ class Dense:
 
 
 class Int8:
-    """A linear layer with int8 weights (one scale per output row) and dynamically quantized inputs, run by
-    the CPU's fbgemm/x86 quantized kernels: several times faster than float32 for the few rows of a decode
-    step (eval/bench_steps.py). Only for drafts: the target verifies every token, so a draft's precision
-    changes its acceptance, never the text."""
+    """A linear layer with int8 weights (one scale per output row) and int8 activations.
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    ``rows`` True (targets): each row of the input is quantized with its own scale and the products are summed
+    in integers, so a row's result is bitwise the same whatever the other rows of the call are (the batch, the
+    other verified positions): speculative and target-only decoding, batch 8 and batch 1, see the same numbers.
+    On a CPU the fbgemm/x86 dynamic kernel quantizes with one range per call, so each row is scaled to peak 1
+    and a fixed extra row holding -1 and +1 pins that range: the kernel's scale is the same for every call and a
+    row's scale is its own peak (7-bit activations: fbgemm's ``reduce_range``, which keeps AVX2's 16-bit pair
+    sums from saturating). Elsewhere (CUDA) ``torch._int_mm`` with per-row symmetric int8.
+    ``rows`` False (drafts on a CPU): one scale per call, a little faster; a draft's precision changes how often
+    it is accepted, never the text. Inputs and outputs are in the caller's float type. ``kernel``: "fbgemm" or
+    "int_mm" (default: fbgemm on a CPU, int_mm elsewhere; int_mm runs on a CPU too, slowly: for tests)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, rows: bool = True,
+                 kernel: str | None = None):
         w = weight.detach().float()
-        scales = (w.abs().amax(1) / 127).clamp(min=1e-12).double()
-        zeros = torch.zeros(w.shape[0], dtype=torch.long)
-        with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao; still in 2.13
-            warnings.simplefilter("ignore", UserWarning)
-            q = torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8)
-        self.packed = torch.ops.quantized.linear_prepack(q, None if bias is None else bias.detach().float())
-        self.out_features = w.shape[0]
+        self.out_features, self.in_features = w.shape
+        self.rows = rows
+        self.bias = None if bias is None else bias.detach().float()
+        scales = (w.abs().amax(1) / 127).clamp(min=1e-12)
+        self.cpu = (kernel or ("fbgemm" if w.device.type == "cpu" else "int_mm")) == "fbgemm"
+        if self.cpu:
+            zeros = torch.zeros(w.shape[0], dtype=torch.long)
+            with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao; still in 2.13
+                warnings.simplefilter("ignore", UserWarning)
+                q = torch.quantize_per_channel(w, scales.double(), zeros, 0, torch.qint8)
+            self.packed = torch.ops.quantized.linear_prepack(q, None if rows else self.bias)
+            self.pin = w.new_zeros(1, self.in_features)
+            self.pin[0, :2] = torch.tensor([-1.0, 1.0])
+        else:  # torch._int_mm wants at least 17 rows and a multiple of 8 columns
+            pad = -self.out_features % 8
+            self.weight_t = F.pad(torch.round(w / scales[:, None]), (0, 0, 0, pad)).to(torch.int8).t().contiguous()
+            self.scales = scales
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.quantized.linear_dynamic(x.reshape(-1, x.shape[-1]), self.packed, True)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        rows = x.reshape(-1, self.in_features).float()
+        if self.cpu and not self.rows:
+            y = torch.ops.quantized.linear_dynamic(rows, self.packed, True)
+        else:
+            peak = rows.abs().amax(1, keepdim=True).clamp(min=1e-30)
+            if self.cpu:
+                y = torch.ops.quantized.linear_dynamic(torch.cat([rows / peak, self.pin]), self.packed, True)[:-1] * peak
+            else:
+                m = rows.shape[0]
+                q = F.pad(torch.round(rows * (127 / peak)), (0, 0, 0, max(0, 17 - m))).to(torch.int8)
+                y = torch._int_mm(q, self.weight_t)[:m, :self.out_features].float() * (peak / 127) * self.scales
+            if self.bias is not None:
+                y += self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
-def int8_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether :class:`Int8` layers can run for a float32 model on ``device`` (CPUs with fbgemm or x86)."""
-    engines = torch.backends.quantized.supported_engines
-    return device.type == "cpu" and dtype == torch.float32 and bool({"fbgemm", "x86"} & set(engines))
+class Int8Module(nn.Module):
+    """:class:`Int8` (per row) in place of an ``nn.Linear`` inside a transformers module (the encoder)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.layer = Int8(linear.weight, linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+def quantize_linears(module: nn.Module) -> nn.Module:
+    """Replace every ``nn.Linear`` inside ``module`` with :class:`Int8Module`, in place; returns ``module``."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(module, name, Int8Module(child))
+        else:
+            quantize_linears(child)
+    return module
 
 
 Linear = Callable[..., Callable[[torch.Tensor], torch.Tensor]]  # (weight, bias=None) -> layer: Dense or Int8
+INT8_MODES: dict[str, Linear] = {"rows": Int8, "tensor": lambda weight, bias=None: Int8(weight, bias, rows=False)}
 
 
 CrossKV = tuple[list[torch.Tensor], list[torch.Tensor]]  # per layer cross-attention keys, values [B, H, S, Dh]
@@ -114,7 +161,7 @@ CrossKV = tuple[list[torch.Tensor], list[torch.Tensor]]  # per layer cross-atten
 class _Layer:
     """Weights of one decoder layer, with the self-attention q, k, v projections fused."""
 
-    def __init__(self, layer: nn.Module, linear: Linear):
+    def __init__(self, layer: nn.Module, linear: Linear, cross: Linear | None = None):
         sa, ca = layer.self_attn, layer.encoder_attn
         self.heads = sa.num_heads
         self.scaling = sa.scaling
@@ -123,6 +170,10 @@ class _Layer:
                           torch.cat([sa.q_proj.bias, zero, sa.v_proj.bias]).detach())
         weights = lambda m: linear(m.weight.detach(), m.bias.detach())  # noqa: E731
         self.sa_out, self.ca_q, self.ca_out = weights(sa.out_proj), weights(ca.q_proj), weights(ca.out_proj)
+        # cross-attention keys and values, computed once per window: with ``cross`` (int8 targets), else in
+        # transformers' own float layers
+        self.ca_k, self.ca_v = (ca.k_proj, ca.v_proj) if cross is None else \
+            (cross(ca.k_proj.weight.detach()), cross(ca.v_proj.weight.detach(), ca.v_proj.bias.detach()))
         self.fc1, self.fc2 = weights(layer.fc1), weights(layer.fc2)
         self.ca = ca
         self.ln1, self.ln2, self.ln3 = layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm
@@ -134,15 +185,18 @@ class StaticDecoder:
     With ``head_ids`` the output layer covers only that token shortlist (row i scores token head_ids[i]:
     a reduced-vocabulary draft head): calls return logits over the shortlist with ``shortlist=True``
     (columns in ascending token order, see ``columns``), else over the full vocabulary with ``-inf``
-    outside it. With ``int8`` its linear layers run with int8 weights (:class:`Int8`; drafts on a CPU).
+    outside it. ``int8``: its linear layers run with int8 weights (:class:`Int8`), quantizing activations per
+    ``"rows"`` (exact per row: targets) or per ``"tensor"`` (drafts on a CPU); None: in the weights' float.
+    It computes in the decoder's float type (its embeddings') and returns float32 logits.
     """
 
     def __init__(self, decoder: nn.Module, head: torch.Tensor, head_ids: torch.Tensor | None = None,
-                 int8: bool = False):
+                 int8: str | None = None):
         self.decoder = decoder
         self.int8 = int8
-        linear: Linear = Int8 if int8 else Dense
-        self.layers = [_Layer(layer, linear) for layer in decoder.layers]
+        linear: Linear = INT8_MODES[int8] if int8 else Dense
+        # a per-call activation scale over a window's 1500 frames would blur a draft's keys: floats there
+        self.layers = [_Layer(layer, linear, linear if int8 == "rows" else None) for layer in decoder.layers]
         self.vocab_size = decoder.embed_tokens.num_embeddings
         if head_ids is not None:
             head_ids, order = head_ids.sort()
@@ -157,6 +211,10 @@ class StaticDecoder:
     def device(self) -> torch.device:
         return self.head_w.device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.decoder.embed_tokens.weight.dtype
+
     @torch.inference_mode()
     def new_cache(self, encoder_out: torch.Tensor, capacity: int, lengths: list[int] | None = None,
                   cross: CrossKV | None = None) -> KVCache:
@@ -164,12 +222,13 @@ class StaticDecoder:
         ``lengths[b]`` encoder positions (memories of different lengths padded to S). ``cross``: the
         cross-attention keys and values of ``encoder_out`` computed before (a decode's, kept)."""
         b = encoder_out.shape[0]
+        encoder_out = encoder_out.to(self.dtype)
         cross_k, cross_v, self_k, self_v = [], [], [], []
         for i, layer in enumerate(self.layers):
             h, dh = layer.heads, layer.ca.k_proj.out_features // layer.heads
             split = lambda t: t.view(b, -1, h, dh).transpose(1, 2).contiguous()  # noqa: E731
-            cross_k.append(cross[0][i] if cross else split(layer.ca.k_proj(encoder_out)))
-            cross_v.append(cross[1][i] if cross else split(layer.ca.v_proj(encoder_out)))
+            cross_k.append(cross[0][i] if cross else split(layer.ca_k(encoder_out)))
+            cross_v.append(cross[1][i] if cross else split(layer.ca_v(encoder_out)))
             empty = encoder_out.new_zeros(b, h, capacity, dh)
             self_k.append(empty)
             self_v.append(empty.clone())
@@ -204,14 +263,14 @@ class StaticDecoder:
             x = x + layer.sa_out(a.transpose(1, 2).reshape(b, t, -1))
             q = (layer.ca_q(layer.ln2(x)) * layer.scaling).view(b, t, h, -1).transpose(1, 2)
             if cross_scores is not None and i in cross_scores:
-                cross_scores[i] = q @ cache.cross_k[i].transpose(-1, -2)
+                cross_scores[i] = (q @ cache.cross_k[i].transpose(-1, -2)).float()
             a = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], attn_mask=cache.cross_mask,
                                                scale=1.0)
             x = x + layer.ca_out(a.transpose(1, 2).reshape(b, t, -1))
             x = x + layer.fc2(F.gelu(layer.fc1(layer.ln3(x))))
         if logits_at is not None:
             x = x.gather(1, logits_at[:, :, None].expand(-1, -1, x.shape[-1]))
-        logits = self.head(dec.layer_norm(x))
+        logits = self.head(dec.layer_norm(x)).float()
         if self.head_ids is None or shortlist:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))

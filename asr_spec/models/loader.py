@@ -16,7 +16,8 @@ from torch import nn
 from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditionalGeneration
 from transformers.utils import logging as hf_logging
 
-from .kv_decoder import StaticDecoder, int8_available
+from .compute import Precision, resolve_compute_type
+from .kv_decoder import StaticDecoder, quantize_linears
 from .ct2 import ct2_state_dict, load_ct2_config, read_model_bin
 from .vocab import WhisperTokenizer, generation_config_for, vocab_from
 
@@ -141,6 +142,7 @@ class Whisper:
     decoder: StaticDecoder
     encoder: nn.Module
     name: str
+    precision: Precision = Precision("float32", torch.float32, False)
 
     @property
     def n_mels(self) -> int:
@@ -153,7 +155,7 @@ class Whisper:
     @torch.inference_mode()
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
         """Encoder output [B, frames / 2, D] for log-mel [B, n_mels, frames]; see :func:`encoder_forward`."""
-        return self.encoder(mel.to(self.decoder.device, self.hf.dtype)).last_hidden_state
+        return self.encoder(mel.to(self.decoder.device)).last_hidden_state
 
 
 def encoder_forward(encoder: nn.Module, mel: torch.Tensor) -> SimpleNamespace:
@@ -170,63 +172,17 @@ def encoder_forward(encoder: nn.Module, mel: torch.Tensor) -> SimpleNamespace:
 
 
 class AnyLengthEncoder(nn.Module):
-    """A Whisper encoder that accepts any even number of frames (see :func:`encoder_forward`), optionally
-    computing in ``dtype`` (bf16 halves its CPU time here) and returning float32."""
+    """A Whisper encoder that accepts any even number of frames (see :func:`encoder_forward`), computing in its
+    weights' float type (with ``int8``: a copy whose linear layers run with int8 weights and per-row int8
+    activations) and returning float32."""
 
-    def __init__(self, encoder: nn.Module, dtype: torch.dtype | None = None):
+    def __init__(self, encoder: nn.Module, int8: bool = False):
         super().__init__()
-        self.inner = copy.deepcopy(encoder).to(dtype) if dtype is not None else encoder
-        self.dtype = dtype
+        self.inner = quantize_linears(copy.deepcopy(encoder)) if int8 else encoder
+        self.dtype = encoder.conv1.weight.dtype
 
     def forward(self, mel: torch.Tensor) -> SimpleNamespace:
-        if self.dtype is None:
-            return encoder_forward(self.inner, mel)
         return SimpleNamespace(last_hidden_state=encoder_forward(self.inner, mel.to(self.dtype)).last_hidden_state.float())
-
-
-ENCODER_DTYPES = ("float32", "bfloat16")
-
-
-CPUINFO = "/proc/cpuinfo"
-
-
-def fast_bfloat16(device: str | torch.device = "cpu", cpuinfo: str = CPUINFO) -> bool:
-    """Whether ``device`` computes bfloat16 natively (CUDA with bf16, or a CPU whose ``cpuinfo`` flags include
-    AVX512-BF16 or AMX-BF16)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type != "cpu" or not os.path.exists(cpuinfo):
-        return False
-    with open(cpuinfo) as f:
-        flags = next((line for line in f if line.startswith("flags")), "").split()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def resolve_encoder_dtype(choice: str, device: str | torch.device = "cpu", cpuinfo: str = CPUINFO) -> str:
-    """``auto``: bfloat16 where the device computes it natively, else float32; other choices as given."""
-    if choice == "auto":
-        return "bfloat16" if fast_bfloat16(device, cpuinfo) else "float32"
-    return choice
-
-
-def with_encoder_dtype(target: Whisper, dtype: str) -> Whisper:
-    """``target`` with its encoder in ``dtype`` (one of ENCODER_DTYPES); the decoders stay as they are."""
-    if dtype not in ENCODER_DTYPES:
-        raise ModelError(f"encoder dtype must be one of {', '.join(ENCODER_DTYPES)}, not {dtype!r}")
-    if dtype == "float32":
-        return target
-    return replace(target, encoder=AnyLengthEncoder(target.encoder.inner, getattr(torch, dtype)),
-                   name=f"{target.name} (encoder {dtype})")
-
-
-def offline_encoder(target: Whisper) -> Whisper:
-    """``target`` with its encoder in its own precision (float32 for the shipped models): what ``transcribe``
-    uses by default, for a server whose streams run a bfloat16 encoder."""
-    enc = target.encoder
-    if isinstance(enc, AnyLengthEncoder) and enc.dtype is not None:
-        return replace(target, encoder=AnyLengthEncoder(target.hf.model.encoder), name=target.name.split(" (encoder")[0])
-    return target
 
 
 @dataclass
@@ -242,7 +198,7 @@ class Draft:
     def encoder_out(self, mel: torch.Tensor, target_out: torch.Tensor) -> torch.Tensor:
         if self.encoder is None:
             return target_out
-        return self.encoder(mel.to(self.decoder.device, self.decoder.head_w.dtype)).last_hidden_state
+        return self.encoder(mel.to(self.decoder.device)).last_hidden_state
 
     def alone(self, target: Whisper) -> Whisper:
         """The draft decoding by itself (with the target's tokenizer and, if it has none, encoder)."""
@@ -256,17 +212,22 @@ def load_tokenizer(spec: str = EMBEDDED) -> WhisperTokenizer:
     return WhisperTokenizer.from_dir(path, _generation_config(path), vocab_size)
 
 
-def load_target(spec: str = EMBEDDED, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Whisper:
+def load_target(spec: str = EMBEDDED, device: str = "cpu", compute_type: str | Precision = "float32") -> Whisper:
+    """The target at ``compute_type`` (a name, resolved for ``device``, or a resolved :class:`Precision`): weights
+    in its float type, and with int8 the decoder's and the encoder's linear layers in int8, exact per row."""
     path = resolve(spec)
+    p = compute_type if isinstance(compute_type, Precision) else \
+        ModelOptions(spec, None, device, compute_type).precision()
     try:
-        hf = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
+        hf = WhisperForConditionalGeneration.from_pretrained(path, dtype=p.float).to(device).eval()
     except Exception as e:  # noqa: BLE001
         raise ModelError(f"{spec}: not a Whisper model ({e})") from None
     if not (path / "tokenizer.json").exists():
         raise ModelError(f"{spec}: no tokenizer.json beside the model")
     tokenizer = WhisperTokenizer.from_dir(path, _generation_config(path), hf.config.vocab_size)
-    return Whisper(hf, tokenizer, StaticDecoder(hf.model.decoder, hf.proj_out.weight), AnyLengthEncoder(hf.model.encoder),
-                   str(spec))
+    name = str(spec) if p.name == "float32" else f"{spec} ({p.name})"
+    return Whisper(hf, tokenizer, StaticDecoder(hf.model.decoder, hf.proj_out.weight, int8="rows" if p.int8 else None),
+                   AnyLengthEncoder(hf.model.encoder, p.int8), name, p)
 
 
 def truncated_draft(target: Whisper, layers: list[int]) -> WhisperForCausalLM:
@@ -309,42 +270,67 @@ def default_draft(target_spec: str) -> str | None:
     return None
 
 
-def load_models(model: str, draft: str | None = "auto", device: str = "cpu",
-                encoder_dtype: str = "float32") -> tuple[Whisper, Draft | None]:
-    """The target with its encoder in ``encoder_dtype`` (``auto`` resolved for the device) and its draft:
-    ``auto`` is the one shipped for the target (none for most), None no draft, anything else ``load_draft``'s spec.
-    What the command line, the server and each ``--ray`` worker load."""
-    target = with_encoder_dtype(load_target(model, device=device), resolve_encoder_dtype(encoder_dtype, device))
-    spec = default_draft(model) if draft == "auto" else draft
+@dataclass(frozen=True)
+class ModelOptions:
+    """Which models to load and how: what every command (transcribe, serve, mic, eval, distill, --ray workers)
+    passes to :func:`load`. ``draft``: ``auto`` is the one shipped for the target (none for most), None no draft,
+    anything else ``load_draft``'s spec. ``compute_type``: CTranslate2's names (``models/compute.py``)."""
+
+    model: str = EMBEDDED
+    draft: str | None = "auto"
+    device: str = "cpu"
+    compute_type: str = "float32"
+    threads: int = 0  # torch CPU threads (0: torch's choice)
+
+    def precision(self) -> Precision:
+        """The compute type resolved for the device (a type it cannot run raises ModelError)."""
+        from .compute import ComputeTypeError
+
+        try:
+            return resolve_compute_type(self.compute_type, self.device)
+        except ComputeTypeError as e:
+            raise ModelError(str(e)) from None
+
+
+def load(options: ModelOptions) -> tuple[Whisper, Draft | None]:
+    """The target and its draft (or None), both at the options' compute type; sets torch's thread count."""
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    target = load_target(options.model, options.device, options.precision())
+    spec = default_draft(options.model) if options.draft == "auto" else options.draft
     return target, None if spec is None else load_draft(spec, target)
 
 
 def load_draft(spec: str, target: Whisper, int8: bool | None = None) -> Draft:
     """``layers:0,5`` (a truncated copy of the target), a decoder-only ``WhisperForCausalLM`` (shared
-    encoder; distil-Whisper and ``asr_spec distill`` output) or a full smaller Whisper (own encoder).
-    ``int8``: the draft decoder's linear layers in int8 (None: wherever the CPU kernels exist, i.e. a float32
-    target on a CPU). A draft's precision changes only how often it is accepted, never the text."""
+    encoder; distil-Whisper and ``asr_spec distill`` output) or a full smaller Whisper (own encoder), in the
+    target's float type. ``int8``: the draft decoder's linear layers in int8 with one activation scale per call
+    (None: on a CPU with int8 kernels, at every compute type: measured fastest there). A draft's precision
+    changes only how often it is accepted, never the text."""
+    from .compute import int8_kernels
+
     device, dtype = target.decoder.device, target.hf.dtype
     if int8 is None:
-        int8 = int8_available(device, dtype)
+        int8 = device.type == "cpu" and int8_kernels(device)
+    quant = "tensor" if int8 else None
     if spec.startswith("layers:"):
         layers = [int(i) for i in spec.split(":", 1)[1].split(",") if i.strip()]
         hf = truncated_draft(target, layers)
-        return Draft(StaticDecoder(hf.model.decoder, hf.proj_out.weight, int8=int8), None, spec, hf)
+        return Draft(StaticDecoder(hf.model.decoder, hf.proj_out.weight, int8=quant), None, spec, hf)
     path = resolve(spec)
     if (path / DRAFT_META).exists():
-        return load_distilled(path, target, int8)
+        return load_distilled(path, target, quant)
     config = WhisperConfig.from_pretrained(path)
     arch = (config.architectures or ["WhisperForConditionalGeneration"])[0]
     if arch == "WhisperForCausalLM":
         hf = WhisperForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
         width = hf.model.decoder.layers[0].encoder_attn.k_proj.in_features
         _check(target, spec, config.vocab_size, path, width, None)
-        return Draft(StaticDecoder(hf.model.decoder, hf.proj_out.weight, int8=int8), None, spec, hf)
+        return Draft(StaticDecoder(hf.model.decoder, hf.proj_out.weight, int8=quant), None, spec, hf)
     hf = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
     _check(target, spec, config.vocab_size, path, None, config.num_mel_bins)
-    return Draft(StaticDecoder(hf.model.decoder, hf.proj_out.weight, int8=int8), AnyLengthEncoder(hf.model.encoder),
-                 spec, hf)
+    return Draft(StaticDecoder(hf.model.decoder, hf.proj_out.weight, int8=quant),
+                 AnyLengthEncoder(hf.model.encoder, target.precision.int8), spec, hf)
 
 
 def save_distilled(path: Path, decoder: nn.Module, head: torch.Tensor, head_ids: list[int] | None, meta: dict) -> None:
@@ -372,7 +358,7 @@ def distilled_decoder(target: Whisper, layers: int) -> WhisperForCausalLM:
     return draft
 
 
-def load_distilled(path: Path, target: Whisper, int8: bool = False) -> Draft:
+def load_distilled(path: Path, target: Whisper, int8: str | None = None) -> Draft:
     from safetensors.torch import load_file
 
     meta = json.loads((path / DRAFT_META).read_text())

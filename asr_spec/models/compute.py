@@ -1,0 +1,89 @@
+"""Compute types, in CTranslate2's vocabulary (what faster-whisper users already pass): which float the model
+computes in, and whether its linear layers hold int8 weights. One type applies to the whole model: the encoder,
+the target decoder and the draft's floats. Speculative output equals target-only output at the same type.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+COMPUTE_TYPES = ("auto", "float32", "bfloat16", "float16", "int8", "int8_float32", "int8_bfloat16", "int8_float16")
+CPUINFO = "/proc/cpuinfo"
+
+
+class ComputeTypeError(ValueError):
+    """A compute type that is unknown, or that the device cannot run."""
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A resolved compute type: ``name`` (concrete, e.g. ``int8_float32``), the float the model computes in and
+    whether its linear layers run with int8 weights (one scale per output channel) and int8 activations (one
+    scale per row: a row's numbers never depend on the other rows of a batch or the other verified positions)."""
+
+    name: str
+    float: torch.dtype
+    int8: bool
+
+
+_FLOATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cpu_flags(cpuinfo: str = CPUINFO) -> set[str]:
+    if not os.path.exists(cpuinfo):
+        return set()
+    with open(cpuinfo) as f:
+        return set(next((line for line in f if line.startswith("flags")), "").split(":", 1)[-1].split())
+
+
+def native_bfloat16(device: str | torch.device = "cpu", cpuinfo: str = CPUINFO) -> bool:
+    """Whether ``device`` computes bfloat16 natively: CUDA with bf16, or a CPU with AVX512-BF16 or AMX-BF16
+    (elsewhere torch emulates it, several times slower than float32)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and bool({"avx512_bf16", "amx_bf16"} & cpu_flags(cpuinfo))
+
+
+def int8_kernels(device: str | torch.device = "cpu") -> bool:
+    """Whether int8 linear layers have kernels on ``device``: the CPU's fbgemm/x86 quantized engine, or CUDA's
+    ``torch._int_mm``."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and bool({"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines))
+
+
+def runnable(device: str | torch.device = "cpu") -> list[str]:
+    """The concrete compute types ``device`` can run (float16 only on CUDA, as in CTranslate2)."""
+    cuda = torch.device(device).type == "cuda"
+    floats = ["float32", "bfloat16"] + (["float16"] if cuda else [])
+    ints = [f"int8_{f}" for f in floats] if int8_kernels(device) else []
+    return floats + ints
+
+
+def _best_float(device: str | torch.device, cpuinfo: str) -> str:
+    if torch.device(device).type == "cuda":
+        return "float16"
+    return "bfloat16" if native_bfloat16(device, cpuinfo) else "float32"
+
+
+def resolve_compute_type(name: str, device: str | torch.device = "cpu", cpuinfo: str = CPUINFO) -> Precision:
+    """The concrete type for ``name`` on ``device``. ``int8``: int8 weights with the best float the device computes
+    natively (float16 on CUDA, bfloat16 on CPUs with AVX512-BF16 or AMX, else float32). ``auto``: the fastest type
+    the device computes natively: float16 on CUDA, ``int8`` on a CPU with int8 kernels (README "Compute types":
+    measured faster than float32 and bfloat16 in the decode loop), else float32. A type the device cannot run is
+    refused, naming the types it can."""
+    if name not in COMPUTE_TYPES:
+        raise ComputeTypeError(f"unknown compute type {name!r}; choose from {', '.join(COMPUTE_TYPES)}")
+    if name == "auto":
+        name = "float16" if torch.device(device).type == "cuda" else "int8" if int8_kernels(device) else "float32"
+    if name == "int8":
+        name = f"int8_{_best_float(device, cpuinfo)}"
+    if name not in runnable(device):
+        raise ComputeTypeError(f"compute type {name} cannot run on {device}; it runs "
+                               f"{', '.join(['auto'] + ['int8'] * int8_kernels(device) + runnable(device))}")
+    int8 = name.startswith("int8_")
+    return Precision(name, _FLOATS[name.removeprefix("int8_")], int8)
