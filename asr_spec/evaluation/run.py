@@ -85,6 +85,17 @@ def run_system(spec: SystemSpec, setup: Setup, items: list[dict], repeat: int) -
         return json.loads(out.read_text())
 
 
+def _baseline(run: dict, runs: dict[str, dict]) -> str:
+    """The target-only run a system is compared with: the one its spec names (``target-int8`` for ``spec-int8``),
+    or a target-only run at the same concrete compute type (``target`` at float32 for ``spec-float32``)."""
+    name = run["system"]["baseline"]
+    if name in runs or not name.startswith("target-") or name.startswith("target-sample"):
+        return name
+    same = [n for n, r in runs.items() if r["system"]["kind"] == "target" and r["system"]["batch_size"] == 1
+            and r.get("compute_type") == run.get("compute_type")]
+    return same[0] if same else name
+
+
 def evaluate(o: EvalOptions) -> dict:
     import torch
 
@@ -113,7 +124,7 @@ def evaluate(o: EvalOptions) -> dict:
 
     # "identical to target": to target-only decoding in the same mode and at the same compute type (sampling:
     # same temperature and seed)
-    baselines = {name: run["system"]["baseline"] for name, run in runs.items()}
+    baselines = {name: _baseline(run, runs) for name, run in runs.items()}
     summaries = {name: summarize(run, refs, texts(baselines[name])) for name, run in runs.items()}
     for name, run in runs.items():
         summaries[name]["load_s"] = run["load_s"]

@@ -157,6 +157,14 @@ INT8_MODES: dict[str, Linear] = {"rows": Int8, "tensor": lambda weight, bias=Non
 
 CrossKV = tuple[list[torch.Tensor], list[torch.Tensor]]  # per layer cross-attention keys, values [B, H, S, Dh]
 
+# Exact rows: torch's CPU attention kernel takes another path for 1-3 queries than for 4 or more, and blocks the keys
+# by their count, so a position's numbers would depend on how many positions a pass feeds and how long the cache
+# looks. Passes of an exact decoder give attention at least EXACT_QUERIES queries (zero rows added) and the whole
+# self-attention cache (at least EXACT_KEYS positions, masked); then a row's bits are the same in a 1-token step, a
+# verify pass and a prompt (tests/test_compute.py checks it on the machine that runs the tests).
+EXACT_QUERIES = 4
+EXACT_KEYS = 512
+
 
 class _Layer:
     """Weights of one decoder layer, with the self-attention q, k, v projections fused."""
@@ -187,13 +195,16 @@ class StaticDecoder:
     (columns in ascending token order, see ``columns``), else over the full vocabulary with ``-inf``
     outside it. ``int8``: its linear layers run with int8 weights (:class:`Int8`), quantizing activations per
     ``"rows"`` (exact per row: targets) or per ``"tensor"`` (drafts on a CPU); None: in the weights' float.
-    It computes in the decoder's float type (its embeddings') and returns float32 logits.
+    It computes in the decoder's float type (its embeddings') and returns float32 logits. ``exact``: a row's
+    numbers do not depend on the other rows or positions of a pass (see ``EXACT_QUERIES``; targets whose linear
+    layers are row-exact: int8 and bfloat16/float16 ones).
     """
 
     def __init__(self, decoder: nn.Module, head: torch.Tensor, head_ids: torch.Tensor | None = None,
-                 int8: str | None = None):
+                 int8: str | None = None, exact: bool = False):
         self.decoder = decoder
         self.int8 = int8
+        self.exact = exact
         linear: Linear = INT8_MODES[int8] if int8 else Dense
         # a per-call activation scale over a window's 1500 frames would blur a draft's keys: floats there
         self.layers = [_Layer(layer, linear, linear if int8 == "rows" else None) for layer in decoder.layers]
@@ -223,6 +234,8 @@ class StaticDecoder:
         cross-attention keys and values of ``encoder_out`` computed before (a decode's, kept)."""
         b = encoder_out.shape[0]
         encoder_out = encoder_out.to(self.dtype)
+        if self.exact:
+            capacity = max(capacity, EXACT_KEYS)
         cross_k, cross_v, self_k, self_v = [], [], [], []
         for i, layer in enumerate(self.layers):
             h, dh = layer.heads, layer.ca.k_proj.out_features // layer.heads
@@ -249,8 +262,13 @@ class StaticDecoder:
         dec = self.decoder
         pos = positions.clamp(max=self.max_positions - 1)
         x = dec.embed_tokens(tokens) + dec.embed_positions.weight[pos]
-        keys = int(positions.max()) + 1
+        keys = cache.self_k[0].shape[2] if self.exact else int(positions.max()) + 1
         mask = torch.arange(keys, device=tokens.device)[None, None, None, :] <= positions[:, None, :, None]
+        pad = EXACT_QUERIES - t if self.exact and t < EXACT_QUERIES else 0
+        if pad:  # zero queries that see every key; their outputs are dropped
+            mask = torch.cat([mask, mask.new_ones(b, 1, pad, keys)], 2)
+        attend = lambda q, k, v, m: F.scaled_dot_product_attention(  # noqa: E731
+            F.pad(q, (0, 0, 0, pad)) if pad else q, k, v, attn_mask=m, scale=1.0)[:, :, :t]
         rows = torch.arange(b, device=tokens.device)[:, None]
         for i, layer in enumerate(self.layers):
             h = layer.heads
@@ -258,14 +276,12 @@ class StaticDecoder:
             q = (y[:, :, 0] * layer.scaling).transpose(1, 2)
             cache.self_k[i][rows, :, positions] = y[:, :, 1]
             cache.self_v[i][rows, :, positions] = y[:, :, 2]
-            a = F.scaled_dot_product_attention(q, cache.self_k[i][:, :, :keys], cache.self_v[i][:, :, :keys],
-                                               attn_mask=mask, scale=1.0)
+            a = attend(q, cache.self_k[i][:, :, :keys], cache.self_v[i][:, :, :keys], mask)
             x = x + layer.sa_out(a.transpose(1, 2).reshape(b, t, -1))
             q = (layer.ca_q(layer.ln2(x)) * layer.scaling).view(b, t, h, -1).transpose(1, 2)
             if cross_scores is not None and i in cross_scores:
                 cross_scores[i] = (q @ cache.cross_k[i].transpose(-1, -2)).float()
-            a = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], attn_mask=cache.cross_mask,
-                                               scale=1.0)
+            a = attend(q, cache.cross_k[i], cache.cross_v[i], cache.cross_mask)
             x = x + layer.ca_out(a.transpose(1, 2).reshape(b, t, -1))
             x = x + layer.fc2(F.gelu(layer.fc1(layer.ln3(x))))
         if logits_at is not None:

@@ -226,7 +226,8 @@ def load_target(spec: str = EMBEDDED, device: str = "cpu", compute_type: str | P
         raise ModelError(f"{spec}: no tokenizer.json beside the model")
     tokenizer = WhisperTokenizer.from_dir(path, _generation_config(path), hf.config.vocab_size)
     name = str(spec) if p.name == "float32" else f"{spec} ({p.name})"
-    return Whisper(hf, tokenizer, StaticDecoder(hf.model.decoder, hf.proj_out.weight, int8="rows" if p.int8 else None),
+    return Whisper(hf, tokenizer, StaticDecoder(hf.model.decoder, hf.proj_out.weight, int8="rows" if p.int8 else None,
+                                                    exact=p.name != "float32"),
                    AnyLengthEncoder(hf.model.encoder, p.int8), name, p)
 
 
