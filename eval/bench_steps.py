@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from asr_spec.evaluation.provenance import cpu_name, provenance
 from asr_spec.models.loader import default_draft, load_draft, load_target
 
 NEW_TOKENS = (1, 2, 3, 4, 5, 6, 9)
@@ -72,7 +72,7 @@ def main() -> None:
     spec = args.draft or default_draft("whisper-base") or "layers:0,5"
     results = [bench(ct, spec, args.batch, args.prefix, args.draft_frames) for ct in args.compute_type.split(",")]
     base = results[0]["ms"]["target"][1]
-    print(f"batch {args.batch}, {args.threads} threads, {args.prefix} cached tokens; draft {spec}; {platform.processor() or platform.machine()}")
+    print(f"batch {args.batch}, {args.threads} threads, {args.prefix} cached tokens; draft {spec}; {cpu_name()}")
     for r in results:
         step = r["ms"]["target"][1]
         print(f"\n{r['compute_type']}: target step {step:.2f} ms ({step / base:.2f}x of {results[0]['compute_type']}), "
@@ -82,7 +82,7 @@ def main() -> None:
             print(f"{t:10d} | " + " | ".join(f"{v[t]:6.2f} ({v[t] / step:4.2f})" for v in r["ms"].values()))
     if args.out:
         doc = {"threads": args.threads, "batch": args.batch, "prefix": args.prefix, "draft": spec,
-               "date": time.strftime("%Y-%m-%d"), "results": results}
+               "provenance": provenance(args.threads), "results": results}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(doc, indent=1))
 

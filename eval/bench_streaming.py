@@ -1,7 +1,7 @@
 """Streaming benchmarks (issue 5): latency at real-time pace, simultaneous sessions, streaming WER.
 
     python eval/bench_streaming.py [--sessions 1,4,8] [--seconds 40] [--limit N] [--threads 2]
-                                   [--encoder-windows audio,full] [--skip-wer] [--out eval/results/streaming]
+                                   [--encoder-windows audio,full] [--skip-wer] [--out eval/out/streaming]
 
 1. Streaming vs offline WER: every dev utterance and the long-form file streamed through the engine
    (0.5 s chunks, re-decoded every ``--step`` s of audio, as a real-time stream with instant decoding
@@ -31,6 +31,7 @@ from whisper_normalizer.english import EnglishTextNormalizer
 
 from asr_spec.audio import load_audio
 from asr_spec.clients.stream import stream_file
+from asr_spec.evaluation.provenance import provenance
 from asr_spec.models.loader import ModelOptions, load
 from asr_spec.server.app import Server, ServerConfig
 from asr_spec.streaming.engine import Engine, EngineConfig, stream_audio
@@ -182,13 +183,14 @@ def main() -> None:
                     help="streamed WER with the encoder on the buffer's audio (the default) and on padded 30 s windows")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--compute-type", default="auto", help="as serve's --compute-type (default auto, serve's own)")
-    ap.add_argument("--out", default=str(ROOT / "eval" / "results" / "streaming"))
+    ap.add_argument("--out", default=str(ROOT / "eval" / "out" / "streaming"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target, draft = load(ModelOptions(compute_type=args.compute_type))
     tr = Transcriber(target, draft)
     items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
-    results: dict = {"step_s": args.step, "threads": args.threads, "compute_type": target.precision.name}
+    results: dict = {"provenance": provenance(args.threads), "step_s": args.step, "threads": args.threads,
+                     "compute_type": target.precision.name}
     if not args.skip_wer:
         dev = items[: args.limit] if args.limit else items
         long_items = [json.loads(x) for x in (DEV / "longform" / "manifest.jsonl").read_text().splitlines()]

@@ -24,6 +24,7 @@ from pathlib import Path
 import openai
 
 from asr_spec.audio import load_audio
+from asr_spec.evaluation.provenance import provenance
 from asr_spec.clients.stream import stream_file
 
 DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
@@ -102,7 +103,8 @@ def main() -> None:
         rows.append(run(setting, audio, uploads, a.threads))
         print(json.dumps(rows[-1]), flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    doc = {"provenance": provenance(a.threads), "settings": rows}
+    (Path(a.out) / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from asr_spec.evaluation.provenance import provenance
+
 # 'ray start' clusters use token authentication (Ray >= 2.59): this cluster and its driver share a token of their own
 ENV = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 
@@ -83,8 +85,9 @@ def main() -> None:
         diffs = [d for n in range(a.repeat) for d in differences(work / f"local-{n}", work / f"ray-{n}")]
     finally:
         subprocess.run([ray, "stop", "--force"], capture_output=True, env=ENV, timeout=120)
-    result = {"files": len(files), "cpus": a.cpus, "workers": a.workers, "batch_size": a.batch_size,
-              "wall_s": runs, "median_wall_s": {k: statistics.median(v) for k, v in runs.items()},
+    result = {"provenance": provenance(a.cpus), "files": len(files), "cpus": a.cpus, "workers": a.workers,
+              "batch_size": a.batch_size, "wall_s": runs,
+              "median_wall_s": {k: statistics.median(v) for k, v in runs.items()},
               "ray_over_local": statistics.median(runs["ray"]) / statistics.median(runs["local"]),
               "differing_outputs": diffs}
     shutil.rmtree(work, ignore_errors=True)

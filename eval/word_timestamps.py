@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from asr_spec.audio import load_audio
+from asr_spec.evaluation.provenance import provenance
 from asr_spec.models.loader import default_draft, embedded_ct2_dir, load_draft, load_target
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
@@ -91,7 +92,8 @@ def main() -> None:
     print(json.dumps(report, indent=1))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "word_timestamps.json").write_text(json.dumps(report, indent=1) + "\n")
+        doc = {"provenance": provenance(args.threads), **report}
+        (Path(args.out) / "word_timestamps.json").write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def test_three_clip_smoke_run_writes_the_report(tmp_path):
     assert spec["identical_to_target"] == 3 and spec["utterances"] == 3
     assert spec["wer"] == res["systems"]["target"]["wer"]
     assert 0 < spec["acceptance"] <= 1 and spec["tokens_per_pass"] > 1
-    for key in ("cpu", "threads", "git_commit", "torch"):
+    for key in ("machine", "threads", "date", "command", "git_commit", "torch"):
         assert key in res["environment"]
     md = (out / "report.md").read_text()
     assert "| spec-k2-stop0.3 |" in md and "identical to target" in md

@@ -56,8 +56,8 @@ def write_report(results: dict, out: Path) -> None:
     skipped = "\n".join(f"- {n}: skipped ({why})" for n, why in results["skipped"].items()) or "- none"
     md = f"""# asr_spec eval
 
-{env['date']} · {env['cpu']} · {env['threads']} threads · torch {env['torch']} · transformers {env['transformers']}
-· commit {env['git_commit'] or 'unknown'}
+{env['date']} · {env['machine']} · {env['threads']} threads · torch {env['torch']} · transformers {env['transformers']}
+· commit {env['git_commit'] or 'unknown'} · `{env['command']}`
 
 Manifest `{results['manifest']}`: {results['utterances']} utterances, {results['audio_s']} s of audio. Every system ran
 on the same audio in this run, one after another, each in its own process (peak RSS is that process's).

@@ -3,16 +3,15 @@ own process with the same thread count; then scores, report and plots."""
 from __future__ import annotations
 
 import json
-import os
 import platform
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .metrics import speedups, summarize
+from .provenance import provenance
 from .report import write_report
 from .systems import OURS, Setup, SystemSpec, expand, missing
 
@@ -50,6 +49,7 @@ def read_manifest(path: Path, limit: int = 0) -> list[dict]:
 
 
 def environment(threads: int) -> dict:
+    """provenance() (machine, threads, date, command) and the software versions of this run."""
     import torch
     import transformers
 
@@ -61,17 +61,14 @@ def environment(threads: int) -> dict:
         except Exception:  # noqa: BLE001
             return None
 
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                                 cwd=Path(__file__).parent, check=True).stdout.strip()
     except Exception:  # noqa: BLE001
         commit = None
-    return {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu, "cores": os.cpu_count(), "threads": threads,
-            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "asr_spec": version("asr_spec"), "faster_whisper": version("faster-whisper"),
-            "ctranslate2": version("ctranslate2"), "git_commit": commit}
+    return {**provenance(threads), "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "asr_spec": version("asr_spec"),
+            "faster_whisper": version("faster-whisper"), "ctranslate2": version("ctranslate2"), "git_commit": commit}
 
 
 def run_system(spec: SystemSpec, setup: Setup, items: list[dict], repeat: int) -> dict:

@@ -1,0 +1,45 @@
+"""Where, when and how a measurement was taken: recorded in every JSON that ``asr_spec eval`` and the ``eval/``
+benchmarks write, read back by ``eval/results_page.py``."""
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else what ``platform`` knows."""
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        for line in info.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as typed: ``asr_spec eval ...`` for the console script, ``python -m pkg ...`` for a package,
+    ``python eval/x.py ...`` for a script (relative to the working directory when inside it)."""
+    argv = sys.argv if argv is None else argv
+    prog = Path(argv[0])
+    if prog.name == "asr_spec":
+        head = "asr_spec"
+    elif prog.name == "__main__.py":
+        head = f"python -m {prog.parent.name}"
+    elif prog.suffix == ".py":
+        try:
+            head = f"python {prog.resolve().relative_to(Path.cwd())}"
+        except ValueError:
+            head = f"python {prog}"
+    else:
+        head = str(prog)
+    return " ".join([head, *map(shlex.quote, argv[1:])])
+
+
+def provenance(threads: int) -> dict:
+    """machine (CPU, cores), threads, date (UTC, ISO 8601) and command of this run."""
+    return {"machine": cpu_name(), "cores": os.cpu_count(), "threads": threads,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command_line()}
