@@ -99,12 +99,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from .server.app import Server, ServerConfig
-    from .server.openai_api import FileWorker
+    from .server.app import Server
+    from .server.config import ServerConfig, api_keys
+    from .server.files import FileWorker
     from .streaming.engine import Engine, EngineConfig
     from .recognizer import Recognizer
     from .transcribe import Transcriber
 
+    try:
+        keys = api_keys(args.api_key, args.api_key_file)
+    except (OSError, ValueError) as e:
+        print(f"error: --api-key-file: {e}", file=sys.stderr)
+        return 1
     if (models := _load_models(args)) is None:
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -115,11 +121,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
                        max_yield_s=args.upload_yield)
     max_sessions = args.max_sessions or _real_time_sessions(args.torch_device)
     config = ServerConfig(host=args.host, port=args.port, max_sessions=max_sessions,
-                          api_key=args.api_key or os.environ.get("ASR_SPEC_API_KEY") or None,
-                          idle_timeout_s=args.idle_timeout, step_s=args.step)
-    if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
-        print("warning: listening beyond localhost without --api-key", file=sys.stderr)
-    try:  # SIGINT/SIGTERM: sessions are closed with 1001, the inference thread joined, and the exit code is 0
+                          max_sessions_per_client=args.max_sessions_per_client, api_keys=keys,
+                          idle_timeout_s=args.idle_timeout, step_s=args.step, drain_s=args.drain_seconds,
+                          max_upload_s=args.max_upload_seconds)
+    if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_keys:
+        print("warning: listening beyond localhost without an API key (ASR_SPEC_API_KEY or --api-key-file)",
+              file=sys.stderr)
+    try:  # SIGINT/SIGTERM: sessions' buffered audio is decoded (--drain-seconds), they are closed with 1001
         asyncio.run(Server(engine, config, files).serve_forever(handle_signals=True))
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers are in place
         pass
@@ -298,8 +306,9 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
 
 
 def _transcribe_here(args, files, stems, out_dir, formats, batch_size, progress, bar, report) -> int | None:
-    """This process, ``batch_size`` files in flight; the number of failed files (None: no models)."""
-    from .audio import AudioError, load_audio
+    """This process, ``batch_size`` files in flight, each read a block at a time (memory holds the windows in
+    flight, not the files); the number of failed files (None: no models)."""
+    from .audio import AudioError, AudioFile
     from .transcribe import Transcriber
     from .writers import write_outputs
 
@@ -313,7 +322,7 @@ def _transcribe_here(args, files, stems, out_dir, formats, batch_size, progress,
     def loader(i: int):
         def load():
             started[i] = time.perf_counter()
-            return load_audio(files[i])
+            return AudioFile(files[i])
         return load
 
     for i, result in transcriber.transcribe_many([(i, loader(i)) for i in range(len(files))], options,
@@ -466,7 +475,16 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-sessions", type=int, default=0,
                    help="more simultaneous sessions are refused (default: what the device serves in real time: "
                    "one per CPU thread, 16 on CUDA)")
-    v.add_argument("--api-key", help="require this bearer token (or ASR_SPEC_API_KEY)")
+    v.add_argument("--max-sessions-per-client", type=int, default=0,
+                   help="sessions one client may hold, per address and per key (default: half of --max-sessions)")
+    v.add_argument("--api-key-file", help="require one of the bearer tokens in this file (one per line; several "
+                   "keys: several clients, each with its own session limit)")
+    v.add_argument("--api-key", help="require this bearer token (visible to local users in ps: prefer the "
+                   "ASR_SPEC_API_KEY environment variable or --api-key-file)")
+    v.add_argument("--drain-seconds", type=float, default=5.0,
+                   help="on SIGTERM/SIGINT, decode what open sessions hold for up to this long before closing them")
+    v.add_argument("--max-upload-seconds", type=float, default=3600.0,
+                   help="longest audio accepted by /v1/audio/* (checked from the file's header; 413 beyond)")
     v.add_argument("--step", type=float, default=1.0, help="re-decode a stream after this many seconds of new audio")
     v.add_argument("--max-batch", type=int, default=8, help="most streams decoded in one batch")
     v.add_argument("--file-batch", type=int, default=4,

@@ -33,7 +33,8 @@ from asr_spec.audio import load_audio
 from asr_spec.clients.stream import stream_file
 from asr_spec.evaluation.provenance import provenance
 from asr_spec.models.loader import ModelOptions, load
-from asr_spec.server.app import Server, ServerConfig
+from asr_spec.server.app import Server
+from asr_spec.server.config import ServerConfig
 from asr_spec.streaming.engine import Engine, EngineConfig, stream_audio
 from asr_spec.streaming.stream import StreamConfig
 from asr_spec.transcribe import TranscribeOptions, Transcriber
@@ -65,7 +66,7 @@ def streaming_wer(tr: Transcriber, items: list[dict], root: Path, step: float, c
             events = stream_audio(engine, audio, StreamConfig(step_s=step, use_hint=use_hint), stats=(st := []))
             passes += sum(s.decode.target_passes for s in st)
             hinted += sum(s.decode.hint_accepted for s in st)
-            texts.append(" ".join(e.text for e in events if e.type == "final" and e.text))
+            texts.append("".join(e.join + e.text for e in events if e.type == "final"))
         cost[use_hint] = {"engine_busy_s": round(engine.busy_s, 2), "target_passes": passes, "hint_tokens_accepted": hinted}
         streamed = streamed or texts
     for it in items:
@@ -139,7 +140,7 @@ def pct(xs: list[float], q: float) -> float | None:
 
 
 def capacity(tr: Transcriber, items: list[dict], n: int, seconds: float, step: float) -> dict:
-    server = Server(Engine(tr), ServerConfig(port=0, max_sessions=n + 1, step_s=step))
+    server = Server(Engine(tr), ServerConfig(port=0, max_sessions=n + 1, max_sessions_per_client=n + 1, step_s=step))
     ready = threading.Event()
     th = threading.Thread(target=lambda: asyncio.run(server.serve_forever(ready)), daemon=True)
     th.start()

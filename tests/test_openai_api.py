@@ -14,8 +14,9 @@ from conftest import DEV
 
 from asr_spec.audio import load_audio
 from asr_spec.models.loader import default_draft, load_draft
-from asr_spec.server.app import Server, ServerConfig
-from asr_spec.server.openai_api import FileWorker
+from asr_spec.server.app import Server
+from asr_spec.server.config import ServerConfig
+from asr_spec.server.files import FileWorker
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
@@ -46,7 +47,7 @@ def running(transcriber, **config):
 
 @pytest.fixture(scope="module")
 def server(transcriber):
-    with running(transcriber, api_key=KEY) as s:
+    with running(transcriber, api_keys=(KEY,)) as s:
         yield s
 
 

@@ -20,7 +20,8 @@ from whisper_normalizer.english import EnglishTextNormalizer
 from asr_spec.audio import load_audio
 from asr_spec.clients.stream import stream_file as stream
 from asr_spec.models.loader import default_draft, load_draft
-from asr_spec.server.app import Server, ServerConfig
+from asr_spec.server.app import Server
+from asr_spec.server.config import ServerConfig
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
@@ -51,7 +52,7 @@ def running(transcriber, engine: type[Engine] = Engine, **config):
 
 @pytest.fixture(scope="module")
 def server(transcriber):
-    with running(transcriber, max_sessions=5, idle_timeout_s=30) as s:
+    with running(transcriber, max_sessions=5, max_sessions_per_client=5, idle_timeout_s=30) as s:
         yield s
 
 
@@ -72,7 +73,7 @@ def stream_file(url: str, audio: np.ndarray, speed: float = 4.0) -> list[dict]:
 
 
 def final_text(events: list[dict]) -> str:
-    return " ".join(e["text"] for e in events if e["type"] == "final" and e["text"])
+    return "".join(e["join"] + e["text"] for e in events if e["type"] == "final")
 
 
 def test_streamed_file_gives_the_offline_transcript(server, transcriber):
@@ -193,7 +194,7 @@ def test_health_and_metrics_over_http(server):
 
 
 def test_bearer_token_idle_timeout_and_oversized_messages(transcriber):
-    with running(transcriber, api_key="s3cret", idle_timeout_s=1.5, max_message_bytes=64 * 1024) as (_, url):
+    with running(transcriber, api_keys=("s3cret",), idle_timeout_s=1.5, max_message_bytes=64 * 1024) as (_, url):
         with pytest.raises(InvalidStatus) as refused:
             connect(url)
         assert refused.value.response.status_code == 401

@@ -12,6 +12,7 @@ import http.client
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -26,7 +27,8 @@ from server_proc import free_port, wait_serving
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from asr_spec.server.app import Server, ServerConfig, redact
+from asr_spec.server.app import Server
+from asr_spec.server.config import ServerConfig, redact
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import Transcriber
 
@@ -40,7 +42,7 @@ MAX_ECHO = 1000  # an error message that echoes a client's value stays well unde
 @pytest.fixture(scope="module")
 def server(tiny_target):
     """An in-process server with an API key; yields its port."""
-    srv = Server(Engine(Transcriber(tiny_target)), ServerConfig(port=0, api_key=KEY, idle_timeout_s=30))
+    srv = Server(Engine(Transcriber(tiny_target)), ServerConfig(port=0, api_keys=(KEY,), idle_timeout_s=30))
     ready = threading.Event()
     thread = threading.Thread(target=lambda: asyncio.run(srv.serve_forever(ready)), daemon=True)
     thread.start()
@@ -199,7 +201,7 @@ def http_request(port: int, method: str, path: str, headers: dict | None = None,
     try:
         conn.request(method, path, body=body, headers=headers or {})
         r = conn.getresponse()
-        return r.status, dict(r.getheaders()), r.read()
+        return r.status, r.headers, r.read()  # case-insensitive header names
     finally:
         conn.close()
 
@@ -250,7 +252,8 @@ def test_redact_hides_keys_in_urls_and_headers():
 
 def test_api_key_never_reaches_the_logs(server, caplog):
     seen: list = []
-    with caplog.at_level(logging.DEBUG, logger="websockets.server"), caplog.at_level(logging.DEBUG, logger="asr_spec"):
+    with caplog.at_level(logging.DEBUG, logger="uvicorn.access"), caplog.at_level(logging.DEBUG, logger="uvicorn.error"), \
+            caplog.at_level(logging.DEBUG, logger="asr_spec"):
         with session(server, f"?api_key={KEY}") as ws:  # the browser way: the key in the URL
             start(ws, seen)
             close(ws, seen)
@@ -265,8 +268,8 @@ def test_api_key_never_reaches_the_logs(server, caplog):
         except ValueError:
             log.exception("failed")
     text = caplog.text
-    assert "api_key=***" in text and "Authorization: Bearer ***" in text, \
-        f"the requests were not logged as expected (websockets' debug log):\n{text[-3000:]}"
+    assert "GET /metrics?api_key=*** HTTP/1.1" in text and '"WebSocket /?api_key=***" [accepted]' in text, \
+        f"the requests were not logged as expected (uvicorn's access and connection logs):\n{text[-3000:]}"
     leaks = [line for line in text.splitlines() if KEY in line]
     assert not leaks, f"the API key is in the log: {leaks}"
 
@@ -317,8 +320,9 @@ def _close_code(s: socket.socket, data: bytes, timeout: float) -> tuple[int | No
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_closes_sessions_with_1001_and_exits_0(tiny_dir, tmp_path, sig):
-    """`asr_spec serve` on SIGINT or SIGTERM: every session is closed with 1001 (going away), a peer that does not
-    answer the close is dropped after 3 s, the inference thread is joined, and the process exits with 0."""
+    """`asr_spec serve` on SIGINT or SIGTERM: every session's buffered audio is decoded and its finals and ``closed``
+    sent, then it is closed with 1001 (going away); a peer that does not answer the close is dropped after 3 s, the
+    inference thread is joined, and the process exits with 0."""
     port = free_port()
     err_path = tmp_path / "stderr.txt"
     with open(err_path, "w") as err:
@@ -345,8 +349,11 @@ def test_signal_closes_sessions_with_1001_and_exits_0(tiny_dir, tmp_path, sig):
                 pytest.fail(f"the session was not closed within 10 s of {sig.name} (events: {seen})\n{stderr()}")
             except ConnectionClosed as e:
                 assert e.rcvd is not None and e.rcvd.code == 1001, f"closed with {e.rcvd} (events: {seen})\n{stderr()}"
-        code, frames = _close_code(frozen, frozen_rest, 2)  # the hung peer gets 1001 too; it never answers
-        assert code == 1001 and [json.loads(f)["type"] for _, f in frames] == ["ready"], (code, frames)
+        assert [e["type"] for e in seen][-1:] == ["closed"], f"no closed event before 1001: {seen}"
+        code, frames = _close_code(frozen, frozen_rest, 2)  # the hung peer gets its closed and 1001 too
+        kinds = [re.match(rb'\{"type": "(\w+)"', f).group(1).decode() for _, f in frames]
+        assert code == 1001 and kinds[0] == "ready" and kinds[-1] == "closed", (code, frames)
+        assert set(kinds[1:-1]) <= {"partial", "final"}, frames
         try:
             code = proc.wait(15)
         except subprocess.TimeoutExpired:

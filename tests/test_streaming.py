@@ -213,3 +213,20 @@ def test_an_utterance_ended_by_silence_decodes_only_what_it_commits(transcriber)
     assert finals[0].end < 3.0  # the first utterance ends inside the pause
     offline = transcriber.transcribe(audio, TranscribeOptions(language="en")).text
     assert normalize(" ".join(e.text for e in finals)) == normalize(offline)
+
+
+def test_finals_say_how_they_join_the_text_before_them(transcriber):
+    """A final that begins with punctuation joins the previous one without a space ("movable type, the", not
+    "movable type , the"); the first final and text in a new sentence say so too."""
+    tb, tokenizer = transcriber.vocab.timestamp_begin, transcriber.target.tokenizer
+    s = Stream(StreamConfig(vad=False), tokenizer)
+    s.feed(np.zeros(20 * 16000, np.float32))
+    s.flush(close=True)
+    finals = []
+    for text, end in ((" movable type", 100), (", the press", 200), (" And so it began.", 300)):
+        assert s.due() == "final"
+        finals += [e for e in s.apply(s.request("final"), RowResult([tb] + tokenizer.encode(text) + [tb + end], -1.0,
+                                                                    0.0, RowStats())) if e.type == "final"]
+    assert [(e.join, e.text) for e in finals] == [("", "movable type"), ("", ", the press"), (" ", "And so it began.")]
+    assert "".join(e.join + e.text for e in finals) == "movable type, the press And so it began."
+    assert all("join" in e.as_dict() for e in finals)

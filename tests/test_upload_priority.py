@@ -8,7 +8,8 @@ import time
 
 import numpy as np
 
-from asr_spec.server.openai_api import FileWorker, Upload
+from asr_spec.server.files import FileWorker
+from asr_spec.server.openai_api import Upload
 from asr_spec.transcribe import Transcriber
 
 

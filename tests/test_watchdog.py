@@ -39,7 +39,7 @@ def transcriber(base_model):
 
 @pytest.fixture(scope="module")
 def server(transcriber):
-    with running(transcriber, max_sessions=12, idle_timeout_s=60) as s:
+    with running(transcriber, max_sessions=12, max_sessions_per_client=12, idle_timeout_s=60) as s:
         yield s
 
 
@@ -65,7 +65,7 @@ def joined_with_text(seconds: float, offset: int, gap_s: float = 0.0) -> tuple[n
 
 
 def finals_text(events: list[dict]) -> str:
-    return " ".join(e["text"] for e in events if e["type"] == "final" and e["text"])
+    return "".join(e["join"] + e["text"] for e in events if e["type"] == "final")
 
 
 def wer(reference: str, hypothesis: str) -> float:

@@ -69,11 +69,13 @@ class Event:
     segments: list[Segment] = field(default_factory=list)
     end_of_utterance: bool = False
     words: list[Word] | None = None  # a final's words, when its stream asked for word timestamps
+    join: str = ""  # what goes between the stream's previous final and this text: " ", or "" (punctuation, first)
 
     def as_dict(self) -> dict:
         if self.type == "error":
             return {"type": "error", "code": "decode_failed", "message": self.text}
-        d = {"type": self.type, "text": self.text, "start": round(self.start, 3), "end": round(self.end, 3)}
+        d = {"type": self.type, "text": self.text, "join": self.join, "start": round(self.start, 3),
+             "end": round(self.end, 3)}
         if self.type == "final":
             d["segments"] = [{"start": round(s.start, 3), "end": round(s.end, 3), "text": s.text} for s in self.segments]
             d["end_of_utterance"] = self.end_of_utterance
@@ -140,6 +142,7 @@ class Stream:
         self.previous: list[int] = []  # the last continuation, for LocalAgreement-2 and as a draft hint
         self.partial = ""
         self.emitted_end = 0.0  # end time of the last final sent
+        self.said = False  # a final with text has been sent (the next one joins it with a space)
         self.flush_requested = False
         self.flush_upto = 0.0  # audio seconds received when the pending flush was asked for
         self.closing = False  # the flush requested is the last one (``close``): decode whatever is left
@@ -417,12 +420,17 @@ class Stream:
     def _partial_event(self) -> list[Event]:
         if not self.config.interim:
             return []
-        text = self.tokenizer.decode(self.previous).strip()
-        if text == self.partial:
+        raw = self.tokenizer.decode(self.previous)
+        if (text := raw.strip()) == self.partial:
             return []
         self.partial = text
         begin = max(self._time_of_end(self.committed), self.emitted_end)
-        return [Event("partial", text, begin, max(begin, self.start + self.buffer_s))]
+        return [Event("partial", text, begin, max(begin, self.start + self.buffer_s), join=self._join(raw))]
+
+    def _join(self, raw: str) -> str:
+        """A space before text that Whisper's tokens begin with one (not before punctuation, nor in languages
+        written without spaces), once the stream has said something."""
+        return " " if self.said and raw[:1].isspace() else ""
 
     def _final(self, tokens: list[int], end_of_utterance: bool, decoded: int | None = None) -> Event:
         """A final for newly committed ``tokens``: text, time span and segments (split at timestamps).
@@ -451,7 +459,9 @@ class Stream:
                 part, start = [], stop
             else:
                 part.append(t)
-        text = self.tokenizer.decode(tokens).strip()
+        raw = self.tokenizer.decode(tokens)
+        text, join = raw.strip(), self._join(raw)
+        self.said = self.said or bool(text)
         if closed and text:  # latency: now minus when the audio at the final's end arrived
             arrived = next((w for t, w in self.arrivals if t >= end - 1e-6), None)
             if arrived is not None:
@@ -459,7 +469,7 @@ class Stream:
         if end_of_utterance:
             self.partial = ""
         self.emitted_end = end
-        return Event("final", text, begin, end, segments, end_of_utterance, words)
+        return Event("final", text, begin, end, segments, end_of_utterance, words, join)
 
     def _trim(self) -> None:
         """Cut the buffer after the last committed segment that is closed by a timestamp pair."""

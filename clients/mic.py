@@ -97,19 +97,21 @@ class LiveLine:
     def __init__(self, out=sys.stdout):
         self.out = out
         self.line = ""  # committed text on the current terminal line
-        self.finals: list[str] = []
+        self.text = ""  # every final so far, each joined as the server says (``join``)
         self.tty = out.isatty()
+        self.partial_join = " "
 
     def event(self, e: dict) -> None:
         if e["type"] == "final":
             if e["text"]:
-                self.finals.append(e["text"])
-                self.line = f"{self.line} {e['text']}".strip()
+                self.text += e.get("join", " " if self.text else "") + e["text"]
+                self.line = (self.line + e.get("join", " ") + e["text"]).lstrip()
             self._draw("")
             if e.get("end_of_utterance") and self.line:
                 self.out.write("\n")
                 self.line = ""
         elif e["type"] == "partial":
+            self.partial_join = e.get("join", " ") if self.line else ""
             self._draw(e["text"])
         elif e["type"] == "error":
             print(f"\nerror {e['code']}: {e['message']}", file=sys.stderr)
@@ -122,14 +124,14 @@ class LiveLine:
             self.line = self.line[cut:].lstrip()
         tail = partial[: max(0, width - len(self.line) - 2)]
         if self.tty:
-            self.out.write(CLEAR + self.line + (" " + DIM + tail + RESET if tail else ""))
+            self.out.write(CLEAR + self.line + (self.partial_join + DIM + tail + RESET if tail else ""))
         elif not partial:
             self.out.write(CLEAR + self.line)
         self.out.flush()
 
     @property
     def transcript(self) -> str:
-        return " ".join(self.finals)
+        return self.text
 
 
 def run_remote(url: str, source, display: LiveLine, language: str | None, api_key: str | None) -> None:

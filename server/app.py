@@ -1,0 +1,232 @@
+"""``asr_spec serve``: one port, a Starlette app on uvicorn. The native streaming WebSocket protocol at ``/``
+(session.py, docs/protocol.md), the browser page, ``/health``, ``/metrics`` and the OpenAI-compatible file
+endpoints (openai_api.py).
+
+One :class:`~asr_spec.streaming.engine.Engine` (one model) serves every session. Its inference thread decodes
+whichever streams are due, batched, off the event loop; events go back to each session's queue.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import signal
+import socket
+import threading
+from collections import Counter
+from pathlib import Path
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket
+from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+from ..streaming.engine import Engine
+from .asgi import HeadTimeout, MethodGuard, Uvicorn
+from .config import ServerConfig, install_log_redaction
+from .files import FileWorker
+from .metrics import Metrics
+from .openai_api import PATHS, transcription
+from .session import Session
+
+log = logging.getLogger("asr_spec.serve")
+STATIC = Path(__file__).parent / "static"
+SHUTDOWN_CLOSE_S = 3.0  # after the drain, peers get this long to answer the close (1001) before they are dropped
+SHUTDOWN_JOIN_S = 30.0  # and the inference thread this long to finish the decode it is running
+UNAUTHORIZED = "missing or wrong API key (Authorization: Bearer KEY, or ?api_key=KEY)\n"
+
+
+class Server:
+    def __init__(self, engine: Engine, config: ServerConfig = ServerConfig(), files: FileWorker | None = None):
+        self.engine, self.config, self.files = engine, config, files
+        self._live = threading.Event()  # set while live streams are due: uploads wait for them (FileWorker)
+        if files is not None:
+            files.live = self._live.is_set
+        self.sessions: dict[int, Session] = {}  # started sessions by stream id
+        self.connections: dict[WebSocket, Session] = {}
+        self.clients: Counter[tuple[str, str]] = Counter()  # open connections per ("address" | "key", value)
+        self.metrics = Metrics()
+        self.languages = set(engine.transcriber.vocab.languages) or None
+        self.language_names = {code: LANGUAGES.get(code, code) for code in self.languages} if self.languages else None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._done: asyncio.Future | None = None
+        self.port: int | None = None
+        routes = [Route("/health", self.health), Route("/healthz", self.health), Route("/metrics", self.metrics_page),
+                  Route("/", self.page), Mount("/static", StaticFiles(directory=STATIC)),
+                  WebSocketRoute("/", self.websocket),
+                  *(Route(path, transcription(self, task), methods=["POST"]) for path, task in PATHS.items())]
+        self.app = MethodGuard(Starlette(routes=routes), PATHS)
+
+    # --- inference thread -----------------------------------------------------------------------------
+    def _infer(self) -> None:
+        while not self._stop.is_set():
+            if not self.engine.pending():
+                self._live.clear()
+                self._wake.wait(0.02)
+                self._wake.clear()
+                continue
+            self._live.set()
+            try:
+                out = self.engine.step()
+            except Exception:  # never let one bad decode kill the server
+                log.exception("decode failed")
+                continue
+            for sid, events in out.items():
+                if (session := self.sessions.get(sid)) is not None and self.loop is not None:
+                    try:
+                        self.loop.call_soon_threadsafe(session.deliver, events, self.engine.flushes(sid))
+                    except RuntimeError:  # the loop closed meanwhile: the server is shutting down
+                        return
+
+    def wake(self) -> None:
+        """Tell the inference thread that a stream may be due (new audio, a flush)."""
+        self._wake.set()
+
+    # --- auth -----------------------------------------------------------------------------------------
+    def key_of(self, conn: HTTPConnection) -> str | None:
+        """The API key this request presents, when it is one of the server's ("" when none is needed); None
+        when it is missing or wrong. ``Authorization: Bearer KEY``, or ``?api_key=KEY`` (browsers cannot set
+        headers on a WebSocket)."""
+        if not self.config.api_keys:
+            return ""
+        auths = conn.headers.getlist("authorization")
+        auth = auths[0] if len(auths) == 1 else ""  # two Authorization headers: neither counts
+        token = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
+        token = token or conn.query_params.get("api_key", "")
+        matches = [k for k in self.config.api_keys if hmac.compare_digest(token.encode(errors="replace"), k.encode())]
+        return matches[0] if matches else None
+
+    # --- HTTP -----------------------------------------------------------------------------------------
+    async def health(self, request: Request) -> Response:  # open: load balancers probe it without a key
+        return PlainTextResponse("ok\n")
+
+    async def metrics_page(self, request: Request) -> Response:
+        if self.key_of(request) is None:
+            return unauthorized()
+        return JSONResponse(self.metrics.snapshot(self.engine, len(self.sessions)))
+
+    async def page(self, request: Request) -> Response:
+        return FileResponse(STATIC / "index.html", media_type="text/html; charset=utf-8")
+
+    # --- WebSocket sessions ---------------------------------------------------------------------------
+    async def websocket(self, ws: WebSocket) -> None:
+        if (key := self.key_of(ws)) is None:
+            await ws.send_denial_response(unauthorized())
+            return
+        await ws.accept()
+        c = self.config
+        who = [("address", ws.client.host if ws.client else "")] + ([("key", key)] if len(c.api_keys) > 1 else [])
+        refusal = None
+        if len(self.connections) >= c.max_sessions:
+            refusal = ("server_full", f"all {c.max_sessions} sessions are in use; try again later")
+        elif any(self.clients[w] >= c.per_client for w in who):
+            refusal = ("client_limit", f"this client has {c.per_client} sessions open already (the most one client "
+                       "may hold); close one first")
+        session = Session(self, ws)
+        if refusal is not None or self._done is None or self._done.done():
+            self.metrics.refused += 1
+            code, message = refusal or ("shutting_down", "the server is shutting down")
+            await session.send({"type": "error", "code": code, "message": message})
+            await session.close(1013, "try again later")
+            return
+        self.connections[ws] = session
+        self.clients.update(who)
+        try:
+            await session.run()
+        except Exception:
+            log.exception("session failed")
+            await session.close(1011, "internal error")
+        finally:
+            del self.connections[ws]
+            self.clients.subtract(who)
+            session.end()
+
+    async def _drain(self, server: uvicorn.Server) -> None:
+        """Shutdown: every open session's buffered audio is decoded and its last finals and ``closed`` sent
+        (within ``drain_s`` in all), then it is closed with 1001; peers get ``SHUTDOWN_CLOSE_S`` to answer."""
+        sessions = list(self.connections.values())
+        if sessions:
+            log.info("shutting down: decoding what %d session(s) hold, at most %g s", len(sessions), self.config.drain_s)
+        finishing = [asyncio.create_task(s.finish(1001, "server shutting down", self.config.drain_s, read=False))
+                     for s in sessions]
+        if finishing:
+            _, late = await asyncio.wait(finishing, timeout=self.config.drain_s + 1)
+            for task in late:
+                task.cancel()
+        for s in sessions:
+            await s.close(1001, "server shutting down")
+        for _ in range(int(SHUTDOWN_CLOSE_S / 0.05)):
+            if not (open_ := server.server_state.connections):
+                return
+            await asyncio.sleep(0.05)
+        log.warning("shutdown: dropping %d connection(s) that did not close within %g s", len(open_), SHUTDOWN_CLOSE_S)
+
+    # --- running --------------------------------------------------------------------------------------
+    async def serve_forever(self, ready: threading.Event | None = None, handle_signals: bool = False) -> None:
+        """Serve until :meth:`stop` (or, with ``handle_signals``, SIGINT or SIGTERM; main thread only), then shut
+        down: stop accepting, drain the sessions, stop the inference thread and join it. Returns normally after a
+        signal; raises OSError when the address cannot be listened on."""
+        self.loop = asyncio.get_running_loop()
+        self._done = self.loop.create_future()
+        c = self.config
+        family = socket.AF_INET6 if ":" in c.host else socket.AF_INET
+        listener = socket.create_server((c.host, c.port), family=family)
+        self.port = listener.getsockname()[1]
+        server = Uvicorn(uvicorn.Config(
+            self.app, http=HeadTimeout.factory(c.head_timeout_s), ws="websockets-sansio", lifespan="off",
+            ws_max_size=c.max_message_bytes, ws_ping_interval=c.ping_interval_s, ws_ping_timeout=None,
+            server_header=False, log_config=None, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_CLOSE_S))
+        install_log_redaction()  # after uvicorn's logging set-up
+        worker = threading.Thread(target=self._infer, name="asr_spec-infer", daemon=True)
+        worker.start()
+        signals = []
+        serving = asyncio.create_task(server.serve(sockets=[listener]))
+        try:
+            if handle_signals:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    self.loop.add_signal_handler(sig, self._on_signal, sig)
+                    signals.append(sig)
+            while not server.started and not serving.done():
+                await asyncio.sleep(0.01)
+            log.info("listening on ws://%s:%d", c.host, self.port)
+            if ready is not None:
+                ready.set()
+            await asyncio.wait([serving, self._done], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for s in server.servers if server.started else []:
+                s.close()  # stop accepting
+            await self._drain(server)
+            server.should_exit = True
+            await serving
+            listener.close()
+            self._stop.set()
+            self._wake.set()
+            if self.files is not None:
+                self.files.stop()
+            worker.join(timeout=SHUTDOWN_JOIN_S)
+            if worker.is_alive():
+                log.warning("the inference thread is still decoding after %g s; exiting without it", SHUTDOWN_JOIN_S)
+            else:
+                log.info("stopped: sessions closed, inference thread joined")
+            for sig in signals:
+                self.loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if self._done is not None and not self._done.done():
+            log.info("%s: shutting down", signal.Signals(sig).name)
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop serving (from any thread)."""
+        if self.loop is not None and self._done is not None:
+            self.loop.call_soon_threadsafe(lambda: self._done.done() or self._done.set_result(None))
+
+
+def unauthorized() -> Response:
+    return PlainTextResponse(UNAUTHORIZED, 401, headers={"WWW-Authenticate": "Bearer"})

@@ -1,0 +1,230 @@
+"""The OpenAI-compatible audio API of ``asr_spec serve``: ``POST /v1/audio/transcriptions`` and
+``/v1/audio/translations`` (multipart form, OpenAI's fields and response formats, errors in OpenAI's JSON
+shape), answered by the file worker (files.py) with the same engine and options as ``asr_spec transcribe``."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, replace
+from http import HTTPStatus
+from typing import TYPE_CHECKING, BinaryIO, Awaitable, Callable
+
+import numpy as np
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..audio import AudioError, AudioTooLong, decode_audio
+from ..recognizer import temperature_ladder
+from ..transcribe import TranscribeOptions, Transcript
+from ..writers import to_srt, to_vtt, word_dicts
+
+if TYPE_CHECKING:
+    from .app import Server
+
+log = logging.getLogger("asr_spec.serve")
+PATHS = {"/v1/audio/transcriptions": "transcribe", "/v1/audio/translations": "translate"}
+FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+GRANULARITIES = ("segment", "word")
+DRAIN_FACTOR = 4  # a body up to this many times the limit is read (and dropped) before its 413 is sent
+_FIELDS = {"file", "model", "language", "prompt", "temperature", "response_format", "timestamp_granularities[]",
+           "timestamp_granularities"}
+
+
+class ApiError(Exception):
+    """A request the API refuses: an HTTP status and OpenAI's error object."""
+
+    def __init__(self, status: HTTPStatus, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    @property
+    def type(self) -> str:
+        return {HTTPStatus.UNAUTHORIZED: "authentication_error", HTTPStatus.SERVICE_UNAVAILABLE: "server_error",
+                HTTPStatus.INTERNAL_SERVER_ERROR: "server_error"}.get(self.status, "invalid_request_error")
+
+    def response(self) -> Response:
+        body = json.dumps({"error": {"message": self.message, "type": self.type, "param": self.param,
+                                     "code": self.code}}) + "\n"
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == HTTPStatus.UNAUTHORIZED else None
+        return Response(body, self.status, headers, "application/json")
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One transcription request, validated."""
+    task: str
+    audio: np.ndarray
+    filename: str
+    model: str
+    language: str | None
+    prompt: str | None
+    temperature: float
+    response_format: str
+    words: bool  # timestamp_granularities[] includes "word"
+
+
+def transcription(server: Server, task: str) -> Callable[[Request], Awaitable[Response]]:
+    """The endpoint of one task: the uploaded file transcribed by the file worker, in the requested format;
+    every refusal in OpenAI's error shape."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            upload = await _receive(server, request, task)
+            transcript = await asyncio.wrap_future(server.files.submit(upload))
+            return Response(*render(upload, transcript, server.language_names or {}))
+        except ApiError as e:
+            return e.response()
+        except Exception as e:  # noqa: BLE001 - the client gets a 500, the server goes on
+            log.exception("transcription request failed")
+            return ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {type(e).__name__}").response()
+
+    return endpoint
+
+
+async def _receive(server: Server, request: Request, task: str) -> Upload:
+    c = server.config
+    if server.key_of(request) is None:
+        raise ApiError(HTTPStatus.UNAUTHORIZED, "missing or wrong API key (Authorization: Bearer KEY)",
+                       code="invalid_api_key")
+    if server.files is None:
+        raise ApiError(HTTPStatus.NOT_FOUND, "this server does not transcribe files", code="not_found")
+    length = request.headers.get("content-length", "")
+    if not length.isdigit() or "transfer-encoding" in request.headers:
+        raise ApiError(HTTPStatus.LENGTH_REQUIRED, "send the form with a Content-Length (no chunked uploads)")
+    limit = c.max_upload_bytes + 64 * 1024  # the file and the form around it
+    too_large = ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the request is larger than {limit} bytes (files up "
+                         f"to {c.max_upload_bytes} bytes)", param="file")
+    if int(length) > DRAIN_FACTOR * limit:
+        raise too_large  # at once: the client may see the connection closed before it reads this
+    if int(length) > limit:
+        await _within(c.upload_timeout_s, _discard(request))  # read and dropped, so that the client reads the 413
+        raise too_large
+    content_type = request.headers.get("content-type", "")
+    if not content_type.lower().startswith("multipart/form-data") or "boundary=" not in content_type:
+        raise ApiError(HTTPStatus.BAD_REQUEST, "send the request as multipart/form-data (with a boundary)",
+                       code="invalid_content_type")
+    try:
+        form = await _within(c.upload_timeout_s, request.form(max_files=4, max_fields=32))
+    except HTTPException as e:
+        raise ApiError(HTTPStatus.BAD_REQUEST, f"malformed multipart/form-data body: {e.detail}",
+                       code="invalid_body") from None
+    try:
+        fields: dict[str, list[str]] = {}
+        files: dict[str, list[UploadFile]] = {}
+        for name, value in form.multi_items():
+            if isinstance(value, UploadFile):
+                files.setdefault(name, []).append(value)
+            else:
+                fields.setdefault(name, []).append(value)
+        return await asyncio.to_thread(parse_upload, task, fields, files, server.language_names, c.max_upload_s)
+    finally:
+        await form.close()
+
+
+async def _within(seconds: float, work: Awaitable):
+    try:
+        return await asyncio.wait_for(work, seconds)
+    except asyncio.TimeoutError:
+        raise ApiError(HTTPStatus.REQUEST_TIMEOUT, f"the request body did not arrive within {seconds:g} s") from None
+
+
+async def _discard(request: Request) -> None:
+    async for _ in request.stream():
+        pass
+
+
+def parse_upload(task: str, fields: dict[str, list[str]], files: dict[str, list[UploadFile]],
+                 languages: dict[str, str] | None, max_seconds: float) -> Upload:
+    """Validate OpenAI's form fields (``languages``: code -> name, None for an English-only model) and decode the
+    file's audio."""
+    unknown = sorted((set(fields) | set(files)) - _FIELDS)
+    if unknown:
+        raise ApiError(HTTPStatus.BAD_REQUEST, f"unknown field(s): {', '.join(unknown[:5])}", param=unknown[0],
+                       code="unknown_parameter")
+    one = lambda name: (fields.get(name) or [None])[-1]  # noqa: E731 (the last value of a repeated field)
+    if "file" in fields:
+        raise ApiError(HTTPStatus.BAD_REQUEST, "the 'file' field must be a file upload (a part with a filename)",
+                       param="file")
+    uploads = files.get("file", [])
+    if len(uploads) > 1:
+        raise ApiError(HTTPStatus.BAD_REQUEST, "send one 'file' field (this request has several)", param="file")
+    if not uploads or not uploads[0].size:
+        raise ApiError(HTTPStatus.BAD_REQUEST, "the 'file' field (the audio) is missing or empty", param="file")
+    model = one("model")
+    if not model:
+        raise ApiError(HTTPStatus.BAD_REQUEST, "the 'model' field is required (any name: this server has one model)",
+                       param="model")
+    language = one("language") or None
+    if task == "translate" and language is not None:
+        raise ApiError(HTTPStatus.BAD_REQUEST, "translations take no 'language' (the output is English)",
+                       param="language")
+    if language is not None:
+        language = language.strip().lower()
+        by_name = {name: code for code, name in (languages or {}).items()}
+        language = by_name.get(language, language)
+        if languages is None and language != "en" or languages is not None and language not in languages:
+            raise ApiError(HTTPStatus.BAD_REQUEST, f"unknown language {language[:32]!r} (an ISO-639-1 code such as "
+                           "'en')", param="language", code="unsupported_language")
+    try:
+        temperature = float(one("temperature") or 0.0)
+    except ValueError:
+        raise ApiError(HTTPStatus.BAD_REQUEST, "'temperature' must be a number", param="temperature") from None
+    if not 0.0 <= temperature <= 1.0:
+        raise ApiError(HTTPStatus.BAD_REQUEST, "'temperature' must be between 0 and 1", param="temperature")
+    response_format = one("response_format") or "json"
+    if response_format not in FORMATS:
+        raise ApiError(HTTPStatus.BAD_REQUEST, f"'response_format' must be one of {', '.join(FORMATS)}",
+                       param="response_format")
+    granularities = fields.get("timestamp_granularities[]", []) + fields.get("timestamp_granularities", [])
+    if bad := [g for g in granularities if g not in GRANULARITIES]:
+        raise ApiError(HTTPStatus.BAD_REQUEST, f"unknown timestamp granularity {bad[0][:32]!r} (segment or word)",
+                       param="timestamp_granularities")
+    filename = uploads[0].filename or "file"
+    return Upload(task, decode_upload(filename, uploads[0].file, max_seconds), filename, model, language,
+                  one("prompt") or None, temperature, response_format, "word" in granularities)
+
+
+def decode_upload(filename: str, file: BinaryIO, max_seconds: float) -> np.ndarray:
+    """An uploaded file's audio at 16 kHz mono, decoded in bounded blocks with the same checks as a file on disk;
+    more than ``max_seconds`` of audio is refused (413) from its header, or when decoding gets there."""
+    name = filename[:64]
+    try:
+        return decode_audio(file, name, max_seconds)
+    except AudioTooLong as e:
+        raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, str(e)[:300], param="file", code="audio_too_long") from None
+    except AudioError as e:
+        raise ApiError(HTTPStatus.BAD_REQUEST, str(e)[:300], param="file", code="invalid_audio") from None
+
+
+def options_for(upload: Upload, base: TranscribeOptions) -> TranscribeOptions:
+    """``asr_spec transcribe``'s options for an upload (``--temperature T`` starts Whisper's ladder at T)."""
+    return replace(base, language=upload.language, task=upload.task, initial_prompt=upload.prompt,
+                   checks=replace(base.checks, temperatures=temperature_ladder(upload.temperature)),
+                   word_timestamps=upload.words)
+
+
+def render(upload: Upload, t: Transcript, language_names: dict[str, str]) -> tuple[str, int, None, str]:
+    """(body, status, headers, media type) of a transcript in the requested format."""
+    f = upload.response_format
+    if f == "text":
+        return t.text + "\n", 200, None, "text/plain; charset=utf-8"
+    if f == "srt":
+        return to_srt(t), 200, None, "application/x-subrip; charset=utf-8"
+    if f == "vtt":
+        return to_vtt(t), 200, None, "text/vtt; charset=utf-8"
+    doc: dict = {"text": t.text}
+    if f == "verbose_json":
+        language = t.language or upload.language or "en"
+        doc = {"task": upload.task + ("d" if upload.task == "translate" else ""),
+               "language": language_names.get(language, language), "duration": round(t.stats.audio_seconds, 3),
+               "text": t.text,
+               "segments": [{"id": i, "seek": 0, "start": s.start, "end": s.end, "text": s.text, "tokens": s.tokens,
+                             "temperature": s.temperature, "avg_logprob": s.avg_logprob,
+                             "compression_ratio": s.compression_ratio, "no_speech_prob": s.no_speech_prob}
+                            for i, s in enumerate(t.segments)]}
+    if upload.words:
+        doc["words"] = [{k: w[k] for k in ("word", "start", "end")} for s in t.segments for w in word_dicts(s)]
+    return json.dumps(doc, ensure_ascii=False) + "\n", 200, None, "application/json"

@@ -1,0 +1,221 @@
+"""What an attack run against `asr_spec serve` found, each fixed on the ASGI server and kept fixed: uploads that
+would decode to hours of audio, connections that hold session slots while sending nothing, one client taking
+every slot, slow request heads, duplicate upload fields, object reprs and versions in answers, the API key on
+the command line; and the layout: the server and clients install under ``asr_spec`` only.
+
+Real servers on loopback with the tiny random model; every wait has a deadline."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.client
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from asr_spec.server.app import Server
+from asr_spec.server.config import KEY_ENV, ServerConfig, api_keys
+from asr_spec.server.files import FileWorker
+from asr_spec.streaming.engine import Engine
+from asr_spec.transcribe import Transcriber
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def running(tiny_target, **config):
+    tr = Transcriber(tiny_target)
+    srv = Server(Engine(tr), ServerConfig(port=0, **config), FileWorker(tr))
+    ready = threading.Event()
+    thread = threading.Thread(target=lambda: asyncio.run(srv.serve_forever(ready)), daemon=True)
+    thread.start()
+    assert ready.wait(60), "the server did not start within 60 s"
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        thread.join(20)
+        assert not thread.is_alive(), "the server did not stop within 20 s of stop()"
+
+
+def upload(port: int, parts: list[tuple[str, str | None, bytes]], timeout: float = 60) -> tuple[int, dict, dict]:
+    """POST a multipart form of (name, filename, data) parts; (status, headers, JSON body)."""
+    body = b"".join(b"--B\r\nContent-Disposition: form-data; name=\"%s\"%s\r\n\r\n%s\r\n" % (
+        name.encode(), b"; filename=\"%s\"" % filename.encode() if filename else b"", data)
+        for name, filename, data in parts) + b"--B--\r\n"
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", "/v1/audio/transcriptions", body=body,
+                     headers={"Content-Type": "multipart/form-data; boundary=B"})
+        r = conn.getresponse()
+        return r.status, r.headers, json.loads(r.read())
+    finally:
+        conn.close()
+
+
+def flac(seconds: float, rate: int, channels: int) -> bytes:
+    """Mostly silence (a click a second): FLAC packs it to almost nothing."""
+    x = np.zeros((int(seconds * rate), channels), np.int16)
+    x[::rate] = 1000
+    out = io.BytesIO()
+    sf.write(out, x, rate, format="FLAC")
+    return out.getvalue()
+
+
+def ws(port: int, source: str = "127.0.0.1", key: str | None = None):
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    return connect(f"ws://127.0.0.1:{port}/", sock=sock, additional_headers=headers, open_timeout=10, close_timeout=5)
+
+
+def events_until_closed(c, seconds: float) -> tuple[list[dict], float]:
+    """Every event until the server closes the connection (or fail after ``seconds``); and when it closed."""
+    seen, deadline = [], time.monotonic() + seconds
+    try:
+        while True:
+            seen.append(json.loads(c.recv(timeout=max(0.01, deadline - time.monotonic()))))
+    except TimeoutError:
+        pytest.fail(f"not closed within {seconds} s; events: {seen}")
+    except Exception:  # ConnectionClosed: the server closed it
+        return seen, time.monotonic()
+
+
+@pytest.mark.slow
+def test_an_upload_of_hours_is_refused_from_its_header_and_the_server_goes_on(tiny_target):
+    data = flac(600, 192000, 2)  # 10 min of 192 kHz stereo in a few hundred KB
+    assert len(data) < 2 * 1024 * 1024
+    with running(tiny_target, max_upload_s=300) as srv:
+        status, headers, body = upload(srv.port, [("model", None, b"whisper-1"), ("file", "long.flac", data)])
+        assert status == 413, body
+        assert body["error"]["param"] == "file" and body["error"]["code"] == "audio_too_long", body
+        assert "600 s" in body["error"]["message"] and "300 s" in body["error"]["message"], body
+        status, _, body = upload(srv.port, [("model", None, b"whisper-1"), ("file", "short.flac", flac(3, 16000, 1))])
+        assert status == 200 and "text" in body, body
+
+
+@pytest.mark.slow
+def test_upload_errors_are_words_and_duplicate_files_are_refused(tiny_target):
+    with running(tiny_target) as srv:
+        status, headers, body = upload(srv.port, [("model", None, b"whisper-1"), ("file", "a.wav", b"RIFF not audio")])
+        message = body["error"]["message"]
+        assert status == 400 and "cannot decode" in message and "object at 0x" not in message and "<" not in message, body
+        assert "server" not in {k.lower() for k in headers.keys()}, dict(headers)  # no versions named
+        short = flac(2, 16000, 1)
+        status, _, body = upload(srv.port, [("model", None, b"whisper-1"), ("file", "a.flac", short), ("file", "b.flac", short)])
+        assert status == 400 and body["error"]["param"] == "file" and "one 'file'" in body["error"]["message"], body
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        conn.request("GET", "/health")
+        r = conn.getresponse()
+        assert (r.status, r.read(), r.getheader("Server")) == (200, b"ok\n", None)
+
+
+@pytest.mark.slow
+def test_silent_connections_lose_their_slot_on_a_timer(tiny_target):
+    """A started session that sends nothing is closed when its rate window ends, not when (if ever) a message
+    arrives; a connection that never starts is closed at the start deadline."""
+    with running(tiny_target, rate_window_s=1.0, start_timeout_s=1.0, idle_timeout_s=30) as srv:
+        with ws(srv.port) as started, ws(srv.port) as never:
+            started.send(json.dumps({"type": "start"}))
+            began = time.monotonic()
+            seen, at = events_until_closed(started, 10)
+            assert [e["type"] for e in seen] == ["ready", "error"] and seen[1]["code"] == "too_slow", seen
+            assert at - began < 5, f"closed {at - began:.1f} s after start (rate window 1 s)"
+            seen, _ = events_until_closed(never, 10)
+            assert [e.get("code") for e in seen] == ["start_timeout"], seen
+
+
+@pytest.mark.slow
+def test_one_client_cannot_take_every_slot(tiny_target):
+    """Per address: a third session from 127.0.0.1 is refused while 127.0.0.2 still gets one. Per key (with
+    several keys): a key's second session is refused from another address, another key's is not."""
+    def refused(c) -> str | None:
+        with contextlib.suppress(ConnectionClosed):  # a refused one is told at once, and closed
+            c.send(json.dumps({"type": "start"}))
+        e = json.loads(c.recv(timeout=10))
+        return e.get("code") if e["type"] == "error" else None
+
+    with running(tiny_target, max_sessions=6, max_sessions_per_client=2) as srv:
+        with sessions(srv.port, [("127.0.0.1", None)] * 3 + [("127.0.0.2", None)]) as conns:
+            assert [refused(x) for x in conns] == [None, None, "client_limit", None]
+    with running(tiny_target, max_sessions=6, max_sessions_per_client=1, api_keys=("k1", "k2")) as srv:
+        with sessions(srv.port, [("127.0.0.1", "k1"), ("127.0.0.2", "k1"), ("127.0.0.3", "k2")]) as conns:
+            assert [refused(x) for x in conns] == [None, "client_limit", None]
+
+
+@contextmanager
+def sessions(port: int, clients: list[tuple[str, str | None]]):
+    """Open connections from (source address, key) one after another; close them all afterwards."""
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(quietly(port, source, key)) for source, key in clients]
+
+
+@contextmanager
+def quietly(port: int, source: str, key: str | None):
+    try:
+        with ws(port, source, key) as c:
+            yield c
+    except ConnectionClosed:  # closing one the server refused (1013)
+        pass
+
+
+@pytest.mark.slow
+def test_a_request_head_sent_slowly_is_cut_off(tiny_target):
+    with running(tiny_target, head_timeout_s=1.0) as srv:
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+        began = time.monotonic()
+        assert s.recv(100) == b"", "the server answered a request whose head never ended"
+        assert time.monotonic() - began < 5
+        s.close()
+
+
+def test_api_keys_come_from_a_file_or_the_environment_and_the_command_line_warns(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "keys"
+    path.write_text("# clients\nalpha\n\nbeta  # the second\n")
+    monkeypatch.setenv(KEY_ENV, "from-env")
+    assert api_keys(None, str(path)) == ("alpha", "beta")
+    assert api_keys(None, None) == ("from-env",)
+    assert capsys.readouterr().err == ""
+    assert api_keys("on-the-line", None) == ("on-the-line",)
+    assert "visible" in capsys.readouterr().err
+    path.write_text("# nothing\n")
+    with pytest.raises(ValueError):
+        api_keys(None, str(path))
+    monkeypatch.delenv(KEY_ENV)
+    assert api_keys(None, None) == ()
+
+
+@pytest.mark.slow
+def test_an_installed_copy_holds_the_server_and_clients_under_asr_spec_only(tmp_path):
+    """`pip install .` (not editable): asr_spec.server, its page and asr_spec.clients are in the installed copy,
+    and no bare `server` or `clients` module is."""
+    target = tmp_path / "site"
+    build = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q",
+                            "--target", str(target), str(ROOT)], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PIP_NO_INPUT": "1"}, cwd=tmp_path)
+    assert build.returncode == 0, build.stderr[-3000:]
+    assert not (target / "server").exists() and not (target / "clients").exists(), sorted(os.listdir(target))
+    assert (target / "asr_spec" / "server" / "static" / "index.html").is_file()
+    probe = ("import asr_spec.server.app as a, asr_spec.clients.stream as s\n"
+             "print(a.__file__); print(s.__file__)\n"
+             "try:\n    import server\nexcept ImportError:\n    print('no bare server')\n"
+             "try:\n    import clients\nexcept ImportError:\n    print('no bare clients')\n")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(target)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert all(line.startswith(str(target)) for line in lines[:2]), lines
+    assert lines[2:] == ["no bare server", "no bare clients"], lines
