@@ -1,4 +1,5 @@
-"""Whisper's log-mel features, computed over a whole recording as openai/whisper does."""
+"""Whisper's log-mel features of a whole recording, as openai/whisper computes them: at once (:func:`log_mel`), or
+a 30 s block at a time with the same bits (:class:`Features`)."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -7,7 +8,7 @@ import numpy as np
 import torch
 from transformers.audio_utils import mel_filter_bank
 
-from .audio import SAMPLE_RATE
+from .audio import SAMPLE_RATE, Audio, Cursor, blocks_of
 
 N_FFT, HOP = 400, 160
 WINDOW_SECONDS = 30
@@ -30,11 +31,67 @@ def log_mel(audio: np.ndarray, n_mels: int = 80, pad_samples: int = N_SAMPLES) -
     if pad_samples:
         x = torch.nn.functional.pad(x, (0, pad_samples))
     stft = torch.stft(x, N_FFT, HOP, window=torch.hann_window(N_FFT), return_complex=True)
-    power = stft[..., :-1].abs() ** 2
-    mel = _filters(n_mels) @ power
-    log = torch.clamp(mel, min=1e-10).log10()
-    log = torch.maximum(log, log.max() - 8.0)
-    return (log + 4.0) / 4.0
+    log = _log10_mel(stft[..., :-1], n_mels)
+    return _scaled(log, log.max())
+
+
+def _log10_mel(stft: torch.Tensor, n_mels: int) -> torch.Tensor:
+    return torch.clamp(_filters(n_mels) @ (stft.abs() ** 2), min=1e-10).log10()
+
+
+def _scaled(log: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """Whisper's range: 8 (x 10 dB) below the recording's loudest frame at most, then about -1..1."""
+    return (torch.maximum(log, top - 8.0) + 4.0) / 4.0
+
+
+class Features:
+    """:func:`log_mel` of a recording (followed by 30 s of silence), bit for bit, made one block of 30 s (3000
+    frames, at multiples of 3000) at a time, as windows ask for them. Two passes over the audio: the first finds
+    its length and its loudest frame (every frame is clamped to 8 below it), the second makes the blocks the
+    windows need, reading forward only: memory holds two blocks and their audio, never the recording."""
+
+    def __init__(self, audio: Audio, n_mels: int = 80):
+        self.audio, self.n_mels = audio, n_mels
+        self.length, self.top = self._scan()
+        self._cursor: Cursor | None = None
+        self._blocks: dict[int, torch.Tensor] = {}
+
+    @property
+    def frames(self) -> int:
+        """Mel frames of audio (the 30 s of silence after them not counted)."""
+        return self.length // HOP
+
+    def window(self, start: int, frames: int = N_FRAMES) -> torch.Tensor:
+        """Frames [start, start + frames) (``frames`` <= 3000; only forward of the last window's first block)."""
+        first, last = start // N_FRAMES, (start + frames - 1) // N_FRAMES
+        self._blocks = {k: b for k, b in self._blocks.items() if k >= first}
+        if self._cursor is None:
+            self._cursor = Cursor(blocks_of(self.audio))
+        for k in range(first, last + 1):
+            if k not in self._blocks:
+                self._blocks[k] = self._block(self._cursor, k)
+        log = torch.cat([self._blocks[k] for k in range(first, last + 1)], dim=1)
+        return _scaled(log[:, start - first * N_FRAMES:][:, :frames], self.top)
+
+    def _scan(self) -> tuple[int, torch.Tensor]:
+        """(length in samples, loudest log-mel value). Blocks run on until one starts past the last frame; a block's
+        frames past it hold only silence, which never raises the maximum (the log is clamped at -10 anyway)."""
+        cursor, top, k = Cursor(blocks_of(self.audio)), torch.tensor(-10.0), 0
+        while cursor.length is None or k * N_FRAMES < cursor.length // HOP + N_FRAMES:
+            top = torch.maximum(top, self._block(cursor, k).max())
+            k += 1
+        return cursor.length, top
+
+    def _block(self, cursor: Cursor, k: int) -> torch.Tensor:
+        """Unscaled log-mel of frames [3000 k, 3000 (k + 1)): the STFT's centring (reflection at the start) done
+        here, and always 3000 frames at once (a matrix product over other widths can differ in the last bit)."""
+        lo = k * N_SAMPLES - N_FFT // 2
+        x = cursor.take(max(lo, 0), lo + (N_FRAMES - 1) * HOP + N_FFT)
+        if lo < 0:
+            x = np.concatenate([x[1:1 - lo][::-1], x])
+        stft = torch.stft(torch.from_numpy(x), N_FFT, HOP, window=torch.hann_window(N_FFT), center=False,
+                          return_complex=True)
+        return _log10_mel(stft, self.n_mels)
 
 
 def window(mel: torch.Tensor, start: int, frames: int = N_FRAMES) -> torch.Tensor:

@@ -11,9 +11,9 @@ from typing import Callable, Hashable, Iterable, Iterator
 import numpy as np
 import torch
 
-from .audio import SAMPLE_RATE, AudioError
+from .audio import SAMPLE_RATE, Audio, AudioError, Cursor, blocks_of
 from .decoding.speculative import RowResult, RowStats
-from .features import FRAMES_PER_SECOND, N_FRAMES, TOKEN_SECONDS, encoder_frames, log_mel, window
+from .features import FRAMES_PER_SECOND, HOP, N_FRAMES, TOKEN_SECONDS, Features, encoder_frames
 from .alignment import Word, align
 from .recognizer import DRAFT_STOP, K, Checks, Recognizer, compression_ratio, nothing_said, pad_memories
 from .vad import speech_chunks
@@ -103,7 +103,7 @@ class _File:
     temperature attempt, and what it has transcribed so far."""
     key: Hashable  # (the file's key, piece number)
     offset: float  # where the piece starts in the file (seconds)
-    mel: torch.Tensor
+    load: Callable[[], Features]  # its features, made when it becomes active
     content: int  # mel frames of audio
     language: str | None
     stats: Stats
@@ -111,6 +111,7 @@ class _File:
     attempt: int = 0  # the current window's place on the temperature ladder
     frames: int = 0  # encoder frames of the current window (0: not encoded yet)
     memory: tuple[torch.Tensor, torch.Tensor | None] | None = None  # its encoder outputs [1, S, D]
+    features: Features | None = None  # while active
     segments: list[Segment] = field(default_factory=list)
     all_tokens: list[int] = field(default_factory=list)
     prompt_since: int = 0
@@ -148,13 +149,13 @@ class Transcriber(Recognizer):
     sequential loop (previous text as prompt, seeking, temperature fallback), so a file's text does not depend on
     the files beside it (up to the last bits of batched arithmetic)."""
 
-    def transcribe(self, audio: np.ndarray, options: TranscribeOptions = TranscribeOptions(),
+    def transcribe(self, audio: Audio, options: TranscribeOptions = TranscribeOptions(),
                    use_draft: bool = True, progress: Callable[[float], None] | None = None) -> Transcript:
         report = None if progress is None else (lambda _key, seconds: progress(seconds))
         ((_, result),) = self.transcribe_many([(0, lambda: audio)], options, 1, use_draft, report)
         return result
 
-    def transcribe_many(self, items: Iterable[tuple[Hashable, Callable[[], np.ndarray]]],
+    def transcribe_many(self, items: Iterable[tuple[Hashable, Callable[[], Audio]]],
                         options: TranscribeOptions = TranscribeOptions(), batch_size: int = 1,
                         use_draft: bool = True, progress: Callable[[Hashable, float], None] | None = None,
                         before_step: Callable[[], None] | None = None
@@ -163,7 +164,9 @@ class Transcriber(Recognizer):
         transcript) as each file finishes (not in input order), or (key, error) for audio that cannot be loaded.
         A finished file's place is taken by the next file at the next step (once every row of the current decode
         has ended: no refill in the middle of a decode yet); audio is loaded only then. With
-        ``options.chunked`` a file's speech chunks are its pieces (decoded side by side, then joined).
+        ``options.chunked`` a file's speech chunks are its pieces (decoded side by side, then joined). Audio is
+        an array or an :class:`AudioFile`, read a block at a time: then memory holds the windows in flight, not
+        the files (each file is read twice: once to find its length and level, once as its windows go).
         ``before_step`` runs before each step's encode and decode (the server holds uploads there while live
         streams are waiting to be decoded)."""
         source = iter(items)
@@ -173,6 +176,7 @@ class Transcriber(Recognizer):
 
         def finish(f: _File) -> Iterator[tuple[Hashable, Transcript]]:
             key, n = f.key
+            f.features = None
             whole = files[key]
             whole.done[n] = f
             whole.left -= 1
@@ -190,24 +194,23 @@ class Transcriber(Recognizer):
                     if f.done:
                         yield from finish(f)
                     else:
+                        f.features = f.load()
                         active.append(f)
                     continue
                 if (item := next(source, None)) is None:
                     break
                 key, load = item
                 try:
-                    audio = load()
+                    pieces, length = self._pieces(load(), options)
                 except AudioError as e:
                     yield key, e
                     continue
-                pieces = speech_chunks(audio) if options.chunked else [(0, len(audio))]
                 prompt = self.target.tokenizer.encode(" " + options.initial_prompt.strip()) if options.initial_prompt else []
-                files[key] = _Pieces(len(audio) / SAMPLE_RATE, len(pieces))
+                files[key] = _Pieces(length / SAMPLE_RATE, len(pieces))
                 if not pieces:  # chunked, and no speech at all
                     yield key, files.pop(key).transcript()
-                for n, (a, b) in enumerate(pieces):
-                    mel = log_mel(audio[a:b], self.target.n_mels)
-                    queued.append(_File((key, n), a / SAMPLE_RATE, mel, mel.shape[1] - N_FRAMES,
+                for n, (a, b, features) in enumerate(pieces):
+                    queued.append(_File((key, n), a / SAMPLE_RATE, features, (b - a) // HOP,
                                         options.language if self.vocab.multilingual else None,
                                         Stats(audio_seconds=(b - a) / SAMPLE_RATE), all_tokens=list(prompt)))
             if not active:
@@ -225,6 +228,17 @@ class Transcriber(Recognizer):
                     whole.progress[f.key[1]] = f.seek / FRAMES_PER_SECOND
                     progress(f.key[0], sum(whole.progress.values()))
 
+    def _pieces(self, audio: Audio, o: TranscribeOptions) -> tuple[list[tuple[int, int, Callable[[], Features]]], int]:
+        """A file's pieces as (first sample, end, their features when they start), and its length in samples: the
+        whole file (read through now, so an error in its audio is found here), or its speech chunks (each read
+        when it starts: they start in order)."""
+        if not o.chunked:
+            features = Features(audio, self.target.n_mels)
+            return [(0, features.length, lambda: features)], features.length
+        chunks, length = speech_chunks(audio)
+        cursor = Cursor(blocks_of(audio))
+        return [(a, b, lambda a=a, b=b: Features(cursor.take(a, b), self.target.n_mels)) for a, b in chunks], length
+
     def _encode(self, files: list[_File], o: TranscribeOptions) -> None:
         """Encode the windows that need it and detect languages still unknown. On a CPU one window per call: a
         batch is no faster there (the encoder is compute-bound) and its attention matrices cost 0.6 GB at 8 windows;
@@ -240,7 +254,7 @@ class Transcriber(Recognizer):
 
     def _encode_group(self, group: list[_File], frames: int) -> None:
         t0 = time.perf_counter()
-        target, draft = self.encode(torch.stack([window(f.mel, f.seek, frames) for f in group]))
+        target, draft = self.encode(torch.stack([f.features.window(f.seek, frames) for f in group]))
         share = (time.perf_counter() - t0) / len(group)  # a batch's time is shared equally by its files
         for i, f in enumerate(group):
             f.memory = (target[i:i + 1], None if draft is None else draft[i:i + 1])

@@ -7,7 +7,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from .audio import SAMPLE_RATE
+from .audio import SAMPLE_RATE, Audio, blocks_of
 
 
 @lru_cache(maxsize=1)
@@ -41,17 +41,21 @@ class VoiceActivity:
         return [float(self.model(chunk, SAMPLE_RATE)) >= self.threshold for chunk in chunks]
 
 
-def speech_chunks(audio: np.ndarray, max_s: float = 30.0, pad_s: float = 0.2) -> list[tuple[int, int]]:
-    """Sample ranges of at most ``max_s`` that together hold all of ``audio``'s speech (``--chunked``): voiced
-    runs widened by ``pad_s`` on each side, joined with the silence between them while the piece stays within
-    ``max_s``; a run longer than that is cut every ``max_s``. Audio outside every piece is silence."""
-    flags = VoiceActivity()(audio)
+def speech_chunks(audio: Audio, max_s: float = 30.0, pad_s: float = 0.2) -> tuple[list[tuple[int, int]], int]:
+    """Sample ranges of at most ``max_s`` that together hold all of ``audio``'s speech (``--chunked``), and the
+    audio's length (read once, a block at a time): voiced runs widened by ``pad_s`` on each side, joined with the
+    silence between them while the piece stays within ``max_s``; a run longer than that is cut every ``max_s``.
+    Audio outside every piece is silence."""
+    vad, flags, length = VoiceActivity(), [], 0
+    for block in blocks_of(audio):
+        flags += vad(block)
+        length += len(block)
     step, limit, pad = VoiceActivity.CHUNK, int(max_s * SAMPLE_RATE), int(pad_s * SAMPLE_RATE)
     runs: list[tuple[int, int]] = []
     for i, voiced in enumerate(flags):
         if not voiced:
             continue
-        a, b = max(0, i * step - pad), min(len(audio), (i + 1) * step + pad)
+        a, b = max(0, i * step - pad), min(length, (i + 1) * step + pad)
         if runs and a <= runs[-1][1]:
             runs[-1] = (runs[-1][0], b)
         else:
@@ -65,4 +69,4 @@ def speech_chunks(audio: np.ndarray, max_s: float = 30.0, pad_s: float = 0.2) ->
             pieces[-1] = (pieces[-1][0], b)
         else:
             pieces.append((a, b))
-    return pieces
+    return pieces, length

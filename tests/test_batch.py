@@ -92,15 +92,16 @@ def test_chunks_cover_the_speech_and_no_chunk_is_longer_than_30_s():
     jfk = load_audio(DEV / "jfk-inaugural-1961-ask-not.wav")
     gap = np.zeros(2 * 16000, np.float32)
     audio = np.concatenate([gap, jfk, gap, jfk, gap, jfk, gap])  # 41 s
-    pieces = speech_chunks(audio)
+    pieces, length = speech_chunks(audio)
+    assert length == len(audio)
     assert 2 <= len(pieces) <= 3 and all(b - a <= 30 * 16000 for a, b in pieces)
     assert all(b1 <= a2 for (_, b1), (a2, _) in zip(pieces, pieces[1:]))
     inside = lambda t: any(a <= t * 16000 <= b for a, b in pieces)  # noqa: E731
     for start in (2.0, 15.0, 28.0):  # each clip's first and last words lie inside a piece (a cut falls in a pause)
         assert inside(start + 0.3) and inside(start + 10.5)
     assert not inside(1.0) and not inside(40.5)
-    assert speech_chunks(np.zeros(10 * 16000, np.float32)) == []
-    long = speech_chunks(np.tile(jfk, 4))  # 44 s of speech with short pauses: cut in one of them
+    assert speech_chunks(np.zeros(10 * 16000, np.float32))[0] == []
+    long, _ = speech_chunks(np.tile(jfk, 4))  # 44 s of speech with short pauses: cut in one of them
     assert len(long) == 2 and all(b - a <= 30 * 16000 for a, b in long) and long[0][0] < 0.3 * 16000
 
 
