@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .models.compute import COMPUTE_TYPES
+from .streaming import POLICIES
 
 DEFAULT_DRAFT = "auto"  # the draft shipped for the target (asr_spec/drafts/), else none
 SAMPLE = Path(__file__).parent / "samples" / "jfk.flac"
@@ -122,7 +123,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     max_sessions = args.max_sessions or _real_time_sessions(args.torch_device)
     config = ServerConfig(host=args.host, port=args.port, max_sessions=max_sessions,
                           max_sessions_per_client=args.max_sessions_per_client, api_keys=keys,
-                          idle_timeout_s=args.idle_timeout, step_s=args.step, drain_s=args.drain_seconds,
+                          idle_timeout_s=args.idle_timeout, step_s=args.step, commit_policy=args.commit_policy,
+                          drain_s=args.drain_seconds,
                           max_upload_s=args.max_upload_seconds)
     if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_keys:
         print("warning: listening beyond localhost without an API key (ASR_SPEC_API_KEY or --api-key-file)",
@@ -182,7 +184,8 @@ def cmd_mic(args: argparse.Namespace) -> int:
         print(f"streaming to {args.url}; Ctrl-C to stop", file=sys.stderr)
         try:
             with source:
-                run_remote(args.url, source, display, language, args.api_key or os.environ.get("ASR_SPEC_API_KEY"))
+                run_remote(args.url, source, display, language, args.api_key or os.environ.get("ASR_SPEC_API_KEY"),
+                           args.commit_policy)
         except (OSError, InvalidURI, InvalidStatus, TimeoutError) as e:
             print(f"error: cannot stream to {args.url}: {e}", file=sys.stderr)
             return 1
@@ -194,7 +197,7 @@ def cmd_mic(args: argparse.Namespace) -> int:
             return 1
         print("listening (in-process engine); Ctrl-C to stop", file=sys.stderr)
         with source:
-            run_local(Engine(Recognizer(*models)), source, display, language)
+            run_local(Engine(Recognizer(*models)), source, display, language, args.commit_policy)
     print("\n\ntranscript:\n" + display.transcript)
     return 0
 
@@ -486,6 +489,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-upload-seconds", type=float, default=3600.0,
                    help="longest audio accepted by /v1/audio/* (checked from the file's header; 413 beyond)")
     v.add_argument("--step", type=float, default=1.0, help="re-decode a stream after this many seconds of new audio")
+    v.add_argument("--commit-policy", choices=POLICIES, default=POLICIES[0],
+                   help="what a re-decode commits: alignatt (words the audio already supports, after one decode; "
+                   "default) or local-agreement (what two decodes in a row agree on); a session may choose")
     v.add_argument("--max-batch", type=int, default=8, help="most streams decoded in one batch")
     v.add_argument("--file-batch", type=int, default=4,
                    help="uploads to /v1/audio/* decoded together (same options, waiting at the same time)")
@@ -503,6 +509,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--language", default="en", help="language code, or '' to detect")
     m.add_argument("--api-key", help="bearer token for --url (or ASR_SPEC_API_KEY)")
     m.add_argument("--input-file", help="replay this audio file at real time instead of the microphone")
+    m.add_argument("--commit-policy", choices=POLICIES, help="alignatt or local-agreement (default: the server's; "
+                   f"in-process: {POLICIES[0]})")
     _model_args(m, device_flag="--torch-device", compute_type="auto")  # --device is the microphone
     m.set_defaults(func=cmd_mic)
 

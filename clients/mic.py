@@ -134,11 +134,13 @@ class LiveLine:
         return self.text
 
 
-def run_remote(url: str, source, display: LiveLine, language: str | None, api_key: str | None) -> None:
+def run_remote(url: str, source, display: LiveLine, language: str | None, api_key: str | None,
+               policy: str | None = None) -> None:
     from .stream import connect_session
 
     with connect_session(url, api_key) as ws:
-        ws.send(json.dumps({"type": "start", "sample_rate": RATE, "encoding": "f32le", "channels": 1, "language": language}))
+        start = {"type": "start", "sample_rate": RATE, "encoding": "f32le", "channels": 1, "language": language}
+        ws.send(json.dumps(start | ({"commit_policy": policy} if policy else {})))
         done = threading.Event()
 
         def receive():
@@ -164,10 +166,10 @@ def run_remote(url: str, source, display: LiveLine, language: str | None, api_ke
             done.wait(120)
 
 
-def run_local(engine, source, display: LiveLine, language: str | None) -> None:
+def run_local(engine, source, display: LiveLine, language: str | None, policy: str | None = None) -> None:
     from ..streaming.stream import StreamConfig
 
-    sid = engine.open(StreamConfig(language=language))
+    sid = engine.open(StreamConfig(language=language, **({"policy": policy} if policy else {})))
     try:
         while True:
             try:

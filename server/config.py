@@ -28,6 +28,7 @@ class ServerConfig:
     # unread audio for as long as decoding takes, and the idle timeout finds a dead peer
     ping_interval_s: float = 20.0
     step_s: float = StreamConfig.step_s
+    commit_policy: str = StreamConfig.policy  # a session's start message may choose the other one
     max_backlog_s: float = 40.0  # a session's undecoded audio beyond which its socket is not read (backpressure)
     start_timeout_s: float = 10.0  # a connection must send its start message within this
     min_audio_s_per_30s: float = 1.0  # a started session sending less is closed (checked on a timer)

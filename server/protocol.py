@@ -9,6 +9,7 @@ import numpy as np
 import soxr
 
 from ..audio import SAMPLE_RATE
+from ..streaming import POLICIES
 
 ENCODINGS = {"pcm_s16le": (np.dtype("<i2"), 32768.0), "f32le": (np.dtype("<f4"), 1.0)}
 TASKS = ("transcribe", "translate")
@@ -37,6 +38,7 @@ class Start:
     task: str = "transcribe"
     interim_results: bool = True
     word_timestamps: bool = False
+    commit_policy: str | None = None  # None: the server's (--commit-policy)
 
 
 def echo(value) -> str:
@@ -67,7 +69,8 @@ def parse_message(text: str) -> dict:
 
 
 def parse_start(msg: dict, languages: set[str] | None) -> Start:
-    known = {"type", "sample_rate", "encoding", "channels", "language", "task", "interim_results", "word_timestamps"}
+    known = {"type", "sample_rate", "encoding", "channels", "language", "task", "interim_results", "word_timestamps",
+             "commit_policy"}
     if extra := sorted(set(msg) - known):
         names = ", ".join(echo(name) for name in extra[:ECHO_FIELDS])
         more = f" and {len(extra) - ECHO_FIELDS} more" if len(extra) > ECHO_FIELDS else ""
@@ -95,7 +98,10 @@ def parse_start(msg: dict, languages: set[str] | None) -> Start:
     words = msg.get("word_timestamps", d.word_timestamps)
     if not isinstance(words, bool):
         raise ProtocolError("bad_start", "word_timestamps must be true or false")
-    return Start(rate, encoding, channels, language, task, interim, words)
+    policy = msg.get("commit_policy", d.commit_policy)
+    if policy is not None and policy not in POLICIES:
+        raise ProtocolError("bad_start", f"commit_policy must be one of {', '.join(POLICIES)}, not {echo(policy)}")
+    return Start(rate, encoding, channels, language, task, interim, words, policy)
 
 
 class AudioDecoder:

@@ -160,7 +160,8 @@ class Session:
             self.decoder = AudioDecoder(start)
             self.sid = engine.open(StreamConfig(language=start.language, task=start.task,
                                                 interim=start.interim_results, step_s=self.config.step_s,
-                                                word_timestamps=start.word_timestamps))
+                                                word_timestamps=start.word_timestamps,
+                                                policy=start.commit_policy or self.config.commit_policy))
             self.server.sessions[self.sid] = self
             self.server.metrics.sessions_total += 1
             self.rate_window = (time.monotonic(), 0.0)

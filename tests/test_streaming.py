@@ -230,3 +230,27 @@ def test_finals_say_how_they_join_the_text_before_them(transcriber):
     assert [(e.join, e.text) for e in finals] == [("", "movable type"), ("", ", the press"), (" ", "And so it began.")]
     assert "".join(e.join + e.text for e in finals) == "movable type, the press And so it began."
     assert all("join" in e.as_dict() for e in finals)
+
+
+def test_alignatt_commits_the_words_the_audio_already_supports(transcriber):
+    """One decode commits the words whose aligned audio ends at least the margin before the decoded audio does,
+    never the last word; the rest is the partial and the next decode's hint. LocalAgreement commits nothing
+    from a first decode."""
+    from asr_spec.alignment import Word
+
+    tb, tokenizer = transcriber.vocab.timestamp_begin, transcriber.target.tokenizer
+    said = tokenizer.encode(" ask not what your country")
+    ends = {" ask": 0.5, " not": 1.0, " what": 1.6, " your": 2.7, " country": 2.9}  # decoded audio: 3 s
+
+    def aligner(before: list[int], tokens: list[int]) -> list[Word]:
+        return [Word(w, e - 0.3, e, 0.9, len(tokenizer.encode(w))) for w, e in ends.items()]
+
+    for policy, committed in (("alignatt", "ask not what"), ("local-agreement", "")):
+        s = Stream(StreamConfig(vad=False, policy=policy), tokenizer)
+        s.feed(np.zeros(3 * 16000, np.float32))
+        assert s.due() == "partial"
+        events = s.apply(s.request("partial"), RowResult([tb] + said, -0.1, 0.0, RowStats()), aligner=aligner)
+        finals = [e.text for e in events if e.type == "final"]
+        assert finals == ([committed] if committed else []), (policy, finals)
+        assert tokenizer.decode(s.previous).strip() == ("your country" if committed else "ask not what your country")
+        assert [e.text for e in events if e.type == "partial"] == [tokenizer.decode(s.previous).strip()]

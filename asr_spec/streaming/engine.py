@@ -143,8 +143,8 @@ class Engine:
                     events[sid] = events.get(sid, []) + [failed]
                 else:
                     *result, memory = outcome
-                    aligner = (partial(self._align, req, memory, result[1] or stream.language)
-                               if stream.config.word_timestamps else None)
+                    aligns = stream.config.word_timestamps or stream.config.policy == "alignatt"
+                    aligner = partial(self._align, req, memory, result[1] or stream.language) if aligns else None
                     events[sid] = events.get(sid, []) + stream.apply(req, *result, aligner=aligner)
         return events
 
@@ -158,7 +158,7 @@ class Engine:
             return align(self.transcriber.target, memory, len(request.audio) // HOP, language, request.task,
                          [before, tokens])[1]
         except Exception:  # noqa: BLE001 - the final goes out without word times rather than not at all
-            log.exception("aligning a final's words failed")
+            log.exception("aligning words failed")
             return []
         finally:
             self.busy_s += time.perf_counter() - t0

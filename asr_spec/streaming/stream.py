@@ -1,9 +1,13 @@
-"""One live audio stream: a growing buffer re-decoded as audio arrives, LocalAgreement-2 commits.
+"""One live audio stream: a growing buffer re-decoded as audio arrives, AlignAtt or LocalAgreement-2 commits.
 
 Per re-decode the target continues after the tokens already committed in the buffer (forced as a
-prefix), so a hypothesis is committed text + a continuation. The longest common prefix of this
-continuation and the previous one (cut back to a word boundary) is committed and sent as a ``final``;
-the rest is the ``partial``. The buffer is trimmed at the end of a committed segment once it grows
+prefix), so a hypothesis is committed text + a continuation. What of the continuation is committed and sent
+as a ``final`` depends on the policy; the rest is the ``partial`` (and the next decode's draft hint):
+- ``alignatt`` (SimulStreaming's AlignAtt, after ONE decode): the continuation's words whose audio ends, by the
+  cross-attention of the model's alignment heads (Whisper's word alignment), at least ``alignatt_margin_s``
+  before the decoded audio does; the last word is held back (it may be unfinished);
+- ``local-agreement`` (whisper_streaming's LocalAgreement-2): the longest common prefix of this continuation
+  and the previous one, cut back to a word boundary. The buffer is trimmed at the end of a committed segment once it grows
 past ``trim_s``; committed text that leaves the buffer becomes the prompt. Voice activity detection
 drops silence and ends utterances.
 
@@ -27,6 +31,7 @@ from ..decoding.speculative import RowResult, RowStats
 from ..recognizer import nothing_said
 from ..features import N_SAMPLES, TOKEN_SECONDS
 from ..vad import VoiceActivity
+from . import POLICIES
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,8 @@ class StreamConfig:
     max_context: int = 192  # committed tokens kept as the prompt (prompt + prefix stay well under 448)
     unheard_s: float = 1.0  # a final whose text ends this long before speech does is committed only that far
     word_timestamps: bool = False  # finals carry their words with times (Whisper's alignment; the engine adds them)
+    policy: str = POLICIES[0]  # what a re-decode commits: "alignatt" or "local-agreement" (see the module's text)
+    alignatt_margin_s: float = 0.5  # AlignAtt commits words that end at least this long before the decoded audio
 
 
 @dataclass
@@ -284,7 +291,10 @@ class Stream:
             return self._commit_window(cont, len(request.audio))
         if not reliable:
             cont = []
-        agreed = self._agreement(cont, self.previous)
+        if self.config.policy == "alignatt":
+            agreed = self._supported(cont, len(request.audio))
+        else:
+            agreed = self._agreement(cont, self.previous)
         events = []
         if agreed:
             if any(t < self.vocab.eot for t in agreed):  # a lone timestamp is committed without an empty final
@@ -409,6 +419,28 @@ class Stream:
             n -= 1
         return cont[:n]
 
+    def _supported(self, cont: list[int], decoded: int) -> list[int]:
+        """AlignAtt: the prefix of ``cont`` the audio already supports. Its words are aligned (the engine's
+        aligner: the alignment heads' cross-attention, Whisper's DTW); words are taken while each ends at least
+        ``alignatt_margin_s`` before the ``decoded`` audio does, never the last word, and the cut is a word
+        boundary. Without an aligner (or words), nothing is committed until the utterance ends."""
+        if self._aligner is None or not any(t < self.vocab.eot for t in cont):
+            return []
+        words = self._aligner(list(self.committed), list(cont))
+        limit = decoded / SAMPLE_RATE - self.config.alignatt_margin_s
+        text_tokens = 0
+        for w in words[:-1]:
+            if w.end > limit:
+                break
+            text_tokens += w.tokens
+        n = 0
+        while text_tokens > 0 and n < len(cont):
+            text_tokens -= cont[n] < self.vocab.eot
+            n += 1
+        while n > 0 and (n >= len(cont) or not self._boundary(cont[n])):
+            n -= 1
+        return cont[:n]
+
     def _boundary(self, token: int) -> bool:
         if token >= self.vocab.eot:
             return True
@@ -442,7 +474,7 @@ class Stream:
         heard = self.start + (len(self.audio) if decoded is None else decoded) / SAMPLE_RATE
         end = max(min(self._abs(tokens[-1]), heard) if closed else heard, begin)  # never past the audio decoded
         words = None
-        if self._aligner is not None:
+        if self._aligner is not None and self.config.word_timestamps:
             words = self._aligner(list(self.committed), list(tokens))
             if words:  # the words time the final better than the decode's estimate: its span follows them
                 begin = round(max(self.emitted_end, self.start + words[0].start), 3)
