@@ -40,6 +40,10 @@ class EngineConfig:
     # speech is 3-7 tokens/s with timestamps, so only a loop reaches it, and a loop on a short piece costs
     # what the piece is worth instead of 224 tokens at every temperature
     tokens_per_s: float = 16.0
+    # the step grows with the load: a stream is due once it has this many times the engine's recent step time of
+    # new audio (so that decoding takes about this share of the time), between its own step_s and max_step_s
+    target_busy: float = 0.7
+    max_step_s: float = 3.0
 
 
 class Engine:
@@ -49,9 +53,10 @@ class Engine:
         self._streams: dict[int, Stream] = {}
         self._lock = threading.Lock()  # guards ``_streams`` and the streams' state
         self._next_id = 0
-        self.busy_s = 0.0  # time spent decoding (for the real-time factor)
+        self.busy_s = 0.0  # time the engine worked: voice detection, scheduling, decoding (the real-time factor)
         self.queue_wait_s: deque[float] = deque(maxlen=2000)  # per decode: how long its audio had waited
         self.decodes = 0
+        self.step_wall_s = 0.0  # moving average of a step's time (scheduling and decoding), for the load step
 
     # --- sessions ---------------------------------------------------------------------------------------
     def open(self, config: StreamConfig = StreamConfig()) -> int:
@@ -107,18 +112,27 @@ class Engine:
                      "accepted": s.stats.decode.accepted, "rejected": s.stats.decode.rejected}
                     for s in self._streams.values()]
 
+    @property
+    def load_step_s(self) -> float:
+        """The least new audio a stream waits for at this load (see ``EngineConfig.target_busy``)."""
+        return min(self.config.max_step_s, self.step_wall_s / self.config.target_busy)
+
     def pending(self) -> bool:
+        t0 = time.perf_counter()
         with self._lock:
-            return any(s.due() for s in self._streams.values())
+            due = any(s.due(self.load_step_s) for s in self._streams.values())
+        self.busy_s += time.perf_counter() - t0  # voice activity detection of new audio runs here
+        return due
 
     # --- decoding -----------------------------------------------------------------------------------------
     def step(self) -> dict[int, list[Event]]:
         """Decode one batch of due streams (finals first, then by waiting time); return events per stream id."""
         events: dict[int, list[Event]] = {}
+        t0 = time.perf_counter()
         with self._lock:
             due = []
             for sid, s in self._streams.items():
-                kind = s.due()
+                kind = s.due(self.load_step_s)
                 if kind == "final" and (settled := s.settle_flush()) is not None:
                     events[sid] = settled
                 elif kind:
@@ -126,10 +140,9 @@ class Engine:
             due.sort(key=lambda d: d[:2])
             batch = [(sid, s, s.request(kind)) for _, _, sid, s, kind in due[: self.config.max_batch]]
         if not batch:
+            self.busy_s += time.perf_counter() - t0
             return events
-        t0 = time.perf_counter()
         decoded = self._decode_apart([r for _, _, r in batch])
-        self.busy_s += time.perf_counter() - t0
         with self._lock:
             self.decodes += len(batch)
             for (sid, stream, req), outcome in zip(batch, decoded):
@@ -146,6 +159,9 @@ class Engine:
                     aligns = stream.config.word_timestamps or stream.config.policy == "alignatt"
                     aligner = partial(self._align, req, memory, result[1] or stream.language) if aligns else None
                     events[sid] = events.get(sid, []) + stream.apply(req, *result, aligner=aligner)
+        wall = time.perf_counter() - t0
+        self.busy_s += wall
+        self.step_wall_s = 0.8 * self.step_wall_s + 0.2 * wall
         return events
 
     def _align(self, request: Request, memory: torch.Tensor, language: str | None, before: list[int],
@@ -153,15 +169,12 @@ class Engine:
         """The words of ``tokens``, Whisper's way (``align``), over the audio they were decoded from, in seconds
         from its start; the ``before`` tokens decoded ahead of them in that audio are aligned with them (their
         audio comes first) and their words dropped."""
-        t0 = time.perf_counter()
         try:
             return align(self.transcriber.target, memory, len(request.audio) // HOP, language, request.task,
                          [before, tokens])[1]
         except Exception:  # noqa: BLE001 - the final goes out without word times rather than not at all
             log.exception("aligning words failed")
             return []
-        finally:
-            self.busy_s += time.perf_counter() - t0
 
     def _decode_apart(self, requests: list[Request]) -> list[tuple | Exception]:
         """(result, language, reliable, fallbacks, target encoder output) per request, or its exception:

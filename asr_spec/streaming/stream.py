@@ -211,9 +211,10 @@ class Stream:
     def buffer_s(self) -> float:
         return len(self.audio) / SAMPLE_RATE
 
-    def due(self) -> str | None:
+    def due(self, min_step_s: float = 0.0) -> str | None:
         """"final" (decode and commit everything: end of utterance or flush), "window" (the buffer is full:
-        commit its first window), "partial" (re-decode), or None (nothing to do yet)."""
+        commit its first window), "partial" (re-decode: ``step_s`` of new audio, or ``min_step_s`` when the
+        engine asks for more under load), or None (nothing to do yet)."""
         self._listen()
         c = self.config
         if self.flush_requested:
@@ -224,7 +225,7 @@ class Stream:
             return "final"
         if self.buffer_s >= c.max_buffer_s:
             return "window"
-        return "partial" if self.since_decode >= c.step_s else None
+        return "partial" if self.since_decode >= max(c.step_s, min_step_s) else None
 
     def settle_flush(self) -> list[Event] | None:
         """Complete a requested flush that needs no decode, returning its events: a buffer without speech is
