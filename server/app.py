@@ -8,12 +8,12 @@ whichever streams are due, batched, off the event loop; events go back to each s
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import signal
 import socket
 import threading
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import uvicorn
@@ -27,11 +27,13 @@ from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
 from ..streaming.engine import Engine
 from .asgi import HeadTimeout, MethodGuard, Uvicorn
-from .config import ServerConfig, install_log_redaction
+from .config import ServerConfig, install_log_redaction, match_key
 from .files import FileWorker
 from .metrics import Metrics
 from .openai_api import PATHS, transcription
-from .session import Session
+from .protocol import ProtocolError
+from .realtime import RealtimeSession
+from .session import Session, StreamSession
 
 log = logging.getLogger("asr_spec.serve")
 STATIC = Path(__file__).parent / "static"
@@ -60,6 +62,7 @@ class Server:
         routes = [Route("/health", self.health), Route("/healthz", self.health), Route("/metrics", self.metrics_page),
                   Route("/", self.page), Mount("/static", StaticFiles(directory=STATIC)),
                   WebSocketRoute("/", self.websocket),
+                  WebSocketRoute("/v1/realtime", partial(self.websocket, kind=RealtimeSession)),  # realtime.py
                   *(Route(path, transcription(self, task), methods=["POST"]) for path, task in PATHS.items())]
         self.app = MethodGuard(Starlette(routes=routes), PATHS)
 
@@ -98,9 +101,7 @@ class Server:
         auths = conn.headers.getlist("authorization")
         auth = auths[0] if len(auths) == 1 else ""  # two Authorization headers: neither counts
         token = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
-        token = token or conn.query_params.get("api_key", "")
-        matches = [k for k in self.config.api_keys if hmac.compare_digest(token.encode(errors="replace"), k.encode())]
-        return matches[0] if matches else None
+        return match_key(self.config.api_keys, token or conn.query_params.get("api_key", ""))
 
     # --- HTTP -----------------------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:  # open: load balancers probe it without a key
@@ -115,11 +116,12 @@ class Server:
         return FileResponse(STATIC / "index.html", media_type="text/html; charset=utf-8")
 
     # --- WebSocket sessions ---------------------------------------------------------------------------
-    async def websocket(self, ws: WebSocket) -> None:
-        if (key := self.key_of(ws)) is None:
+    async def websocket(self, ws: WebSocket, kind: type[StreamSession] = Session) -> None:
+        session = kind(self, ws)  # the native protocol's, or OpenAI Realtime's (realtime.py)
+        if (key := session.authorize()) is None:
             await ws.send_denial_response(unauthorized())
             return
-        await ws.accept()
+        await session.accept()
         c = self.config
         who = [("address", ws.client.host if ws.client else "")] + ([("key", key)] if len(c.api_keys) > 1 else [])
         refusal = None
@@ -128,11 +130,10 @@ class Server:
         elif any(self.clients[w] >= c.per_client for w in who):
             refusal = ("client_limit", f"this client has {c.per_client} sessions open already (the most one client "
                        "may hold); close one first")
-        session = Session(self, ws)
         if refusal is not None or self._done is None or self._done.done():
             self.metrics.refused += 1
             code, message = refusal or ("shutting_down", "the server is shutting down")
-            await session.send({"type": "error", "code": code, "message": message})
+            await session.send(session.error_event(ProtocolError(code, message)))
             await session.close(1013, "try again later")
             return
         self.connections[ws] = session

@@ -2,6 +2,7 @@
 of the logs."""
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import re
@@ -59,6 +60,12 @@ def api_keys(cli_key: str | None, key_file: str | None) -> tuple[str, ...]:
               file=sys.stderr)
         return (cli_key,)
     return (key,) if (key := os.environ.get(KEY_ENV)) else ()
+
+
+def match_key(keys: tuple[str, ...], token: str) -> str | None:
+    """The key among ``keys`` that ``token`` is (compared in constant time), or None."""
+    matches = [k for k in keys if hmac.compare_digest(token.encode(errors="replace"), k.encode())]
+    return matches[0] if matches else None
 
 
 _SECRETS = re.compile(r"(?i)(api(?:_|%5f)key=)[^&\s#'\"]*|(\bauthorization:\s*(?:bearer\s+)?)[^\s'\"]+"

@@ -52,7 +52,8 @@ def echo(value) -> str:
     return text if len(text) <= ECHO_CHARS else f"{text[:ECHO_CHARS]}... ({len(text)} characters)"
 
 
-def parse_message(text: str) -> dict:
+def load_object(text: str) -> dict:
+    """A client's JSON text message: an object with a string ``type`` (``bad_json``, ``bad_message`` otherwise)."""
     try:
         msg = json.loads(text)
     except json.JSONDecodeError as e:
@@ -63,6 +64,11 @@ def parse_message(text: str) -> dict:
         raise ProtocolError("bad_json", f"not JSON this server accepts: {str(e)[:200]}") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
         raise ProtocolError("bad_message", 'a message is a JSON object with a string "type"')
+    return msg
+
+
+def parse_message(text: str) -> dict:
+    msg = load_object(text)
     if msg["type"] not in ("start", "finalize", "close"):
         raise ProtocolError("unknown_type", f"unknown message type {echo(msg['type'])} (start, finalize, close)")
     return msg

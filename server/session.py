@@ -1,5 +1,6 @@
-"""One session of the native WebSocket protocol (docs/protocol.md): a client's audio frames in, the engine's
-partial and final events out; limits, backpressure, and the last finals on ``close`` and on shutdown."""
+"""Live sessions over WebSocket. :class:`StreamSession` is what every protocol's session shares: one engine stream,
+its events out through a queue, the start, rate and idle timers, backpressure, and the last events on close and on
+shutdown. :class:`Session` speaks the native protocol (docs/protocol.md); ``realtime.py`` speaks OpenAI's."""
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..audio import SAMPLE_RATE
-from ..streaming.stream import StreamConfig
+from ..streaming.stream import Event, StreamConfig
 from .protocol import AudioDecoder, ProtocolError, parse_message, parse_start
 
 if TYPE_CHECKING:
@@ -19,7 +20,13 @@ if TYPE_CHECKING:
 Message = dict  # an ASGI websocket message
 
 
-class Session:
+class StreamSession:
+    """One connection and its engine stream (opened by the protocol's first message). Subclasses say how messages
+    are handled (:meth:`handle`), how engine events and errors are written (:meth:`translate`,
+    :meth:`error_event`) and what is sent last (:meth:`summary`)."""
+
+    first_message = "start"  # what must arrive within the start timeout
+
     def __init__(self, server: Server, ws: WebSocket):
         self.server, self.ws = server, ws
         self.config = server.config
@@ -32,11 +39,35 @@ class Session:
         self.rate_window = (time.monotonic(), 0.0)  # (start, audio seconds received since) for the minimum rate
         self.ending = False  # a close or the server's shutdown is decoding the last audio: input is ignored
 
+    # --- what a protocol says -----------------------------------------------------------------------------
+    def authorize(self) -> str | None:
+        """The API key the handshake presents ("" when none is needed), None when it is missing or wrong."""
+        return self.server.key_of(self.ws)
+
+    async def accept(self) -> None:
+        await self.ws.accept()
+
+    async def handle(self, msg: Message) -> bool:
+        """Handle one message (raise :class:`ProtocolError` for the client's mistakes); True when the session is over."""
+        raise NotImplementedError
+
+    def translate(self, event: Event) -> list[dict]:
+        """The messages that tell the client about one engine event."""
+        return [event.as_dict()]
+
+    def error_event(self, e: ProtocolError) -> dict:
+        return e.event()
+
+    def summary(self) -> dict | None:
+        """The last message before the server closes the session (after ``close`` or on shutdown)."""
+        return None
+
     # --- events out -------------------------------------------------------------------------------------
     def deliver(self, events, flushes: int) -> None:
         """Queue the engine's events (called on the event loop by the inference thread)."""
         for e in events:
-            self.outbox.put_nowait(e.as_dict())
+            for message in self.translate(e):
+                self.outbox.put_nowait(message)
             if e.type == "error":  # the engine ended this stream: close once the error is sent
                 self.outbox.put_nowait(None)
         self.flushes_delivered = max(self.flushes_delivered, flushes)
@@ -66,7 +97,7 @@ class Session:
 
     async def _error(self, e: ProtocolError) -> None:
         await self.outbox.join()
-        await self.send(e.event())
+        await self.send(self.error_event(e))
 
     # --- messages in ------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -92,9 +123,7 @@ class Session:
             if self.ending:
                 continue
             try:
-                if msg.get("bytes") is not None:
-                    self._audio(msg["bytes"])
-                elif await self._control(parse_message(msg.get("text") or "")):
+                if await self.handle(msg):
                     return
             except ProtocolError as e:
                 await self._error(e)
@@ -104,8 +133,9 @@ class Session:
         that connections which send nothing cannot hold session slots); True when the session is closed."""
         c = self.config
         if self.sid is None:
-            await self._error(ProtocolError("start_timeout", f"no start message within {c.start_timeout_s:g} s"))
-            await self.close(1008, "no start")
+            await self._error(ProtocolError("start_timeout", f"no {self.first_message} message within "
+                                            f"{c.start_timeout_s:g} s"))
+            await self.close(1008, f"no {self.first_message}")
             return True
         if self.ending:
             return False
@@ -139,79 +169,118 @@ class Session:
         self.rate_window = (time.monotonic(), 0.0)
         self.last_message = time.monotonic()
 
+    # --- the engine stream ------------------------------------------------------------------------------
+    def _open(self, config: StreamConfig) -> None:
+        """Open the session's engine stream (a session counts once however often it reopens its stream)."""
+        if self.sid is None:
+            self.server.metrics.sessions_total += 1
+        self.sid = self.server.engine.open(config)
+        self.server.sessions[self.sid] = self
+        self.flushes_delivered = 0
+        self.rate_window = (time.monotonic(), 0.0)
+
+    def _feed(self, audio) -> None:
+        """Received audio (16 kHz) to the engine; it counts toward the minimum rate."""
+        self.rate_window = (self.rate_window[0], self.rate_window[1] + len(audio) / SAMPLE_RATE)
+        self.server.engine.feed(self.sid, audio)
+        self.server.wake()
+
+    def _flush(self, close: bool = False) -> int:
+        """Ask for everything buffered to be decoded (it counts as a second of audio toward the minimum rate);
+        returns the flush count that marks it done. Pending flushes coalesce."""
+        self.rate_window = (self.rate_window[0], self.rate_window[1] + self.config.min_audio_s_per_30s)
+        done = self.server.engine.flush(self.sid, close=close)
+        self.server.wake()
+        return done
+
+    async def _until_flushed(self, done: int, within_s: float, read: bool) -> bool | None:
+        """Wait until the engine has delivered flush ``done``: True; None when the client went away meanwhile;
+        False (after a ``flush_timeout`` error) when it took longer than ``within_s``. ``read``: keep reading (and
+        ignoring) messages meanwhile, so that keepalive pings are answered."""
+        deadline = time.monotonic() + within_s
+        while self.flushes_delivered < done:
+            if time.monotonic() > deadline:
+                await self._error(ProtocolError("flush_timeout", f"the stream's last audio could not be decoded "
+                                                f"within {within_s:g} s"))
+                return False
+            if not read:
+                await asyncio.sleep(0.02)
+                continue
+            try:
+                if (await asyncio.wait_for(self.ws.receive(), timeout=0.05))["type"] == "websocket.disconnect":
+                    return None
+            except asyncio.TimeoutError:
+                pass
+        return True
+
+    async def finish(self, code: int, reason: str, within_s: float, read: bool) -> None:
+        """Decode everything the stream holds, send its last events and :meth:`summary`, and close with ``code``.
+        ``read``: this is the session's own reader (a ``close`` message), which keeps reading meanwhile so that
+        keepalive pings are answered; otherwise (the server's shutdown) the reader ignores what arrives."""
+        if self.ending or self.sid is None or self.decoder is None:
+            return
+        self.ending = True
+        self.server.engine.feed(self.sid, self.decoder.finish())
+        flushed = await self._until_flushed(self._flush(close=True), within_s, read)
+        if flushed is None:
+            return
+        if flushed:
+            await self.outbox.join()
+            if (last := self.summary()) is not None:
+                await self.send(last)
+        await self.close(code, reason)
+
+    def _close_stream(self) -> None:
+        """Forget the engine stream: its queued audio is never decoded."""
+        if self.sid is not None:
+            self.server.sessions.pop(self.sid, None)
+            if (stream := self.server.engine.close(self.sid)) is not None:
+                self.server.metrics.ended(stream.stats)
+
+    def end(self) -> None:
+        if self.sender is not None:
+            self.sender.cancel()
+        self._close_stream()
+
+
+class Session(StreamSession):
+    """The native protocol: a ``start`` message, binary audio frames, ``finalize`` and ``close``."""
+
+    def summary(self) -> dict | None:
+        return {"type": "closed", **(self.server.engine.stream_stats(self.sid) or {})}
+
+    async def handle(self, msg: Message) -> bool:
+        if msg.get("bytes") is not None:
+            self._audio(msg["bytes"])
+            return False
+        return await self._control(parse_message(msg.get("text") or ""))
+
     def _audio(self, data: bytes) -> None:
         if self.sid is None or self.decoder is None:
             raise ProtocolError("not_started", "send a start message before audio")
         if len(data) > self.config.max_frame_bytes:
             raise ProtocolError("frame_too_large", f"audio frames are limited to {self.config.max_frame_bytes} "
                                 f"bytes; this one has {len(data)} (dropped)")
-        audio = self.decoder(data)
-        self.rate_window = (self.rate_window[0], self.rate_window[1] + len(audio) / SAMPLE_RATE)
-        self.server.engine.feed(self.sid, audio)
-        self.server.wake()
+        self._feed(self.decoder(data))
 
     async def _control(self, msg: dict) -> bool:
         """Handle a control message; True when the session is over."""
-        kind, engine = msg["type"], self.server.engine
+        kind = msg["type"]
         if kind == "start":
             if self.sid is not None:
                 raise ProtocolError("already_started", "this session has started already")
             start = parse_start(msg, self.server.languages)
             self.decoder = AudioDecoder(start)
-            self.sid = engine.open(StreamConfig(language=start.language, task=start.task,
-                                                interim=start.interim_results, step_s=self.config.step_s,
-                                                word_timestamps=start.word_timestamps,
-                                                policy=start.commit_policy or self.config.commit_policy))
-            self.server.sessions[self.sid] = self
-            self.server.metrics.sessions_total += 1
-            self.rate_window = (time.monotonic(), 0.0)
+            self._open(StreamConfig(language=start.language, task=start.task, interim=start.interim_results,
+                                    step_s=self.config.step_s, word_timestamps=start.word_timestamps,
+                                    policy=start.commit_policy or self.config.commit_policy))
             await self.send({"type": "ready", "session": self.sid, "sample_rate": start.sample_rate,
                              "encoding": start.encoding, "channels": start.channels})
             return False
         if self.sid is None:
             raise ProtocolError("not_started", f"send a start message before {kind}")
-        self.rate_window = (self.rate_window[0], self.rate_window[1] + self.config.min_audio_s_per_30s)
         if kind == "finalize":  # coalesces with a pending one; its finals arrive as they are decoded
-            engine.flush(self.sid)
-            self.server.wake()
+            self._flush()
             return False
         await self.finish(1000, "closed", self.config.flush_timeout_s, read=True)
         return True
-
-    async def finish(self, code: int, reason: str, within_s: float, read: bool) -> None:
-        """Decode everything the stream holds, send its last events and ``closed``, and close with ``code``.
-        ``read``: this is the session's own reader (a ``close`` message), which keeps reading meanwhile so that
-        keepalive pings are answered; otherwise (the server's shutdown) the reader ignores what arrives."""
-        if self.ending or self.sid is None or self.decoder is None:
-            return
-        self.ending = True
-        engine = self.server.engine
-        engine.feed(self.sid, self.decoder.finish())
-        done = engine.flush(self.sid, close=True)
-        self.server.wake()
-        deadline = time.monotonic() + within_s
-        while self.flushes_delivered < done:
-            if time.monotonic() > deadline:
-                await self._error(ProtocolError("flush_timeout", f"the stream's last audio could not be decoded "
-                                                f"within {within_s:g} s"))
-                await self.close(code, reason)
-                return
-            if not read:
-                await asyncio.sleep(0.02)
-                continue
-            try:
-                if (await asyncio.wait_for(self.ws.receive(), timeout=0.05))["type"] == "websocket.disconnect":
-                    return
-            except asyncio.TimeoutError:
-                pass
-        await self.outbox.join()
-        await self.send({"type": "closed", **(engine.stream_stats(self.sid) or {})})
-        await self.close(code, reason)
-
-    def end(self) -> None:
-        if self.sender is not None:
-            self.sender.cancel()
-        if self.sid is not None:
-            self.server.sessions.pop(self.sid, None)
-            if (stream := self.server.engine.close(self.sid)) is not None:
-                self.server.metrics.ended(stream.stats)

@@ -1,0 +1,220 @@
+"""OpenAI's Realtime API in transcription mode at ``/v1/realtime?intent=transcription`` (docs/realtime.md): JSON events
+in and out, on the same engine, limits and backpressure as the native protocol (:class:`StreamSession`).
+
+A turn is one conversation item. It opens with the first text the engine hears (``speech_started``, server VAD) or
+with a commit, takes every ``final`` as a transcription delta (committed text, never retracted: the deltas of a turn
+add up to its transcript), and ends at the engine's end of utterance: silence (server VAD, silero) or the flush a
+client's ``input_audio_buffer.commit`` asks for.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+from starlette.websockets import WebSocket
+
+from ..streaming.stream import Event
+from .config import match_key
+from .protocol import ProtocolError
+from .realtime_events import (UPDATES, RealtimeAudio, RealtimeError, Settings, appended_audio, error_event, item,
+                              parse_event, parse_update)
+from .session import Message, StreamSession
+
+KEY_PROTOCOL = "openai-insecure-api-key."  # browsers: the key as a WebSocket subprotocol
+BETA_PROTOCOL = "openai-beta.realtime-v1"
+MIN_COMMIT_S = 0.1  # OpenAI refuses to commit less audio than this
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(10)}"
+
+
+@dataclass
+class Turn:
+    item: str
+    start: float  # stream seconds where its audio begins
+    text: str = ""  # the deltas sent so far
+    committed: bool = False  # input_audio_buffer.committed has been sent
+    previous: str | None = None  # the item before it
+
+
+class RealtimeSession(StreamSession):
+    first_message = "session.update"
+
+    def __init__(self, server, ws: WebSocket):
+        super().__init__(server, ws)
+        self.offered = [p.strip() for p in ws.scope.get("subprotocols", [])]
+        self.beta = ws.headers.get("openai-beta", "").replace(" ", "") == "realtime=v1" or BETA_PROTOCOL in self.offered
+        self.settings = Settings()
+        self.id = new_id("sess")
+        self.turn: Turn | None = None
+        self.previous_item: str | None = None
+        self.turn_end = 0.0  # stream seconds where the last turn ended
+        self.commits = 0  # turns committed by the client whose end has not been decoded yet
+        self.commit_flush = 0  # the flush the last commit asked for
+        self.discard_until = 0  # after a clear: the flush before which the engine's events are dropped
+
+    # --- handshake ------------------------------------------------------------------------------------------
+    def authorize(self) -> str | None:
+        if (key := super().authorize()) is not None:
+            return key
+        keys = [p[len(KEY_PROTOCOL):] for p in self.offered if p.startswith(KEY_PROTOCOL)]
+        return match_key(self.config.api_keys, keys[0]) if len(keys) == 1 else None
+
+    async def accept(self) -> None:
+        await self.ws.accept(subprotocol="realtime" if "realtime" in self.offered else None)
+
+    async def run(self) -> None:
+        self.emit("transcription_session.created" if self.beta else "session.created", session=self.session_object())
+        await super().run()
+
+    # --- events out -----------------------------------------------------------------------------------------
+    def emit(self, kind: str, **fields) -> None:
+        """Queue a server event (in order with the engine's)."""
+        self.outbox.put_nowait({"type": kind, "event_id": new_id("event"), **fields})
+
+    def error_event(self, e: ProtocolError) -> dict:
+        return error_event(e, getattr(e, "event_id", None), new_id("event"))
+
+    def session_object(self) -> dict:
+        return {"id": self.id, **self.settings.as_dict(self.beta)}
+
+    def deliver(self, events, flushes: int) -> None:
+        """Events of audio cleared from the buffer are dropped (the engine's errors are not)."""
+        dropping = self.flushes_delivered < self.discard_until
+        super().deliver([e for e in events if not dropping or e.type == "error"], flushes)
+
+    def translate(self, e: Event) -> list[dict]:
+        """Queue (``emit``) what one engine event means for the turn; nothing more to send."""
+        if e.type == "error":
+            if self.turn is not None:
+                self.emit("conversation.item.input_audio_transcription.failed", item_id=self.turn.item,
+                          content_index=0, error={"type": "server_error", "code": "decode_failed", "message": e.text})
+                self.turn = None
+            return [self.error_event(ProtocolError("decode_failed", e.text))]
+        ends = e.type == "final" and e.end_of_utterance
+        if self.turn is None and (e.text or (ends and self.commits)):
+            self._open_turn(e.start)
+        if e.type == "final" and e.text:
+            delta = (e.join if self.turn.text else "") + e.text
+            self.turn.text += delta
+            self.emit("conversation.item.input_audio_transcription.delta", item_id=self.turn.item, content_index=0,
+                      delta=delta)
+        if ends and self.turn is not None:
+            self._end_turn(e.end)
+        return []
+
+    def _open_turn(self, start: float, heard: bool = True) -> None:
+        """A new item; ``heard``: the engine heard speech (server VAD says so), rather than a client's commit."""
+        self.turn = Turn(new_id("item"), start)
+        if self.settings.vad is not None and heard:
+            self.emit("input_audio_buffer.speech_started", audio_start_ms=round(1000 * start), item_id=self.turn.item)
+
+    def _commit_turn(self, end: float | None) -> None:
+        """``input_audio_buffer.committed`` and the item's creation (``end``: where VAD found the speech ended)."""
+        turn = self.turn
+        if end is not None and self.settings.vad is not None:
+            self.emit("input_audio_buffer.speech_stopped", audio_end_ms=round(1000 * end), item_id=turn.item)
+        turn.previous, turn.committed, self.previous_item = self.previous_item, True, turn.item
+        self.emit("input_audio_buffer.committed", item_id=turn.item, previous_item_id=turn.previous)
+        self.emit("conversation.item.created" if self.beta else "conversation.item.added",
+                  previous_item_id=turn.previous, item=item(turn.item, None))
+
+    def _end_turn(self, end: float) -> None:
+        turn = self.turn
+        if not turn.committed:
+            self._commit_turn(None if self.commits else end)
+        self.commits = max(0, self.commits - 1)
+        completed = {"item_id": turn.item, "content_index": 0, "transcript": turn.text,
+                     "usage": {"type": "duration", "seconds": round(max(0.0, end - turn.start), 3)}}
+        if self.settings.logprobs:
+            completed["logprobs"] = None  # not computed yet (docs/realtime.md)
+        self.emit("conversation.item.input_audio_transcription.completed", **completed)
+        if not self.beta:
+            self.emit("conversation.item.done", previous_item_id=turn.previous, item=item(turn.item, turn.text))
+        self.turn, self.turn_end = None, max(self.turn_end, end)
+
+    # --- client events --------------------------------------------------------------------------------------
+    async def handle(self, msg: Message) -> bool:
+        event: dict = {}
+        try:
+            if msg.get("bytes") is not None:
+                raise RealtimeError("invalid_value", "binary messages are not part of the Realtime API: send audio "
+                                    "as input_audio_buffer.append events")
+            event = parse_event(msg.get("text") or "")
+            await self._dispatch(event)
+        except ProtocolError as e:
+            e.event_id = event.get("event_id")  # the error names the client event it answers
+            raise
+        return False
+
+    async def _dispatch(self, event: dict) -> None:
+        kind = event["type"]
+        if kind in UPDATES:
+            await self._update(event)
+        elif self.sid is None:
+            if kind != "input_audio_buffer.clear":
+                raise RealtimeError("session_not_configured", f"send session.update (session.type \"transcription\")"
+                                    f" before {kind}")
+            self.emit("input_audio_buffer.cleared")
+        elif kind == "input_audio_buffer.append":
+            self._feed(self.decoder(appended_audio(event)))
+        elif kind == "input_audio_buffer.commit":
+            self._commit()
+        else:
+            self._clear()
+
+    async def _update(self, event: dict) -> None:
+        """New settings. A change of language or turn detection needs a new engine stream: what the old one holds is
+        committed and decoded first (the reader waits meanwhile)."""
+        old, new = self.settings, parse_update(event, self.settings, self.server.languages)
+        self.beta = self.beta or event["type"] == "transcription_session.update"
+        stream, restart = new.stream(self.config.step_s, self.config.commit_policy), False
+        if self.sid is not None:
+            restart = stream != old.stream(self.config.step_s, self.config.commit_policy)
+            if restart or (new.format, new.rate) != (old.format, old.rate):
+                self._end_audio(None)
+        if restart:
+            if self.turn is not None and not self.turn.committed:
+                self._commit_turn(None)
+                self.commits += 1
+            await self._until_flushed(self._flush(close=True), self.config.flush_timeout_s, read=False)
+            self._close_stream()
+            self.commits, self.turn, self.turn_end = 0, None, 0.0
+        if self.sid is None or restart:
+            self._open(stream)
+        self.settings = new
+        self.decoder = self.decoder or RealtimeAudio(new)
+        self.emit("transcription_session.updated" if event["type"] == "transcription_session.update"
+                  else "session.updated", session=self.session_object())
+
+    def _commit(self) -> None:
+        engine, pending = self.server.engine, self.flushes_delivered < self.commit_flush
+        if self.turn is None and not pending and engine.backlog_s(self.sid) < MIN_COMMIT_S:
+            raise RealtimeError("input_audio_buffer_commit_empty", f"the input audio buffer holds less than "
+                                f"{1000 * MIN_COMMIT_S:g} ms of audio to commit")
+        self._end_audio(self.settings)
+        self.commit_flush = self._flush(close=True)  # never deferred, unlike a native finalize of under 1 s
+        if pending and self.turn is not None and self.turn.committed:
+            return  # the pending commit's flush now takes this audio too: one item
+        if self.turn is None:
+            self._open_turn(self.turn_end, heard=False)
+        if not self.turn.committed:
+            self._commit_turn(None)
+            self.commits += 1
+
+    def _clear(self) -> None:
+        """Drop the buffered audio. Text already sent as deltas cannot be taken back: an open turn is completed with
+        it; the engine's events for the rest of the cleared audio are dropped."""
+        if self.turn is not None:
+            self.commits = max(self.commits, 1)  # it ends as a commit's turn would (no speech_stopped)
+            self._end_turn((self.server.engine.stream_stats(self.sid) or {}).get("audio_seconds", self.turn.start))
+        self.commits = 0
+        self._end_audio(self.settings)
+        self.discard_until = self._flush(close=True)
+        self.emit("input_audio_buffer.cleared")
+
+    def _end_audio(self, settings: Settings | None) -> None:
+        """Feed what the resampler still holds, and start a new one for ``settings`` (None: later)."""
+        self._feed(self.decoder.finish())
+        self.decoder = RealtimeAudio(settings) if settings is not None else None

@@ -1,0 +1,251 @@
+"""OpenAI Realtime API, transcription sessions (docs/realtime.md): the client events' parsing and validation, the
+session's settings, the audio formats, and the objects the server's events carry. ``realtime.py`` runs a session."""
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..streaming.stream import StreamConfig
+from .protocol import ECHO_FIELDS, AudioDecoder, ProtocolError, Start, echo, load_object
+
+UPDATES = ("session.update", "transcription_session.update")
+CLIENT_EVENTS = (*UPDATES, "input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear")
+LOGPROBS = "item.input_audio_transcription.logprobs"
+FORMATS = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_alaw"}  # GA type -> beta name
+SERVER_ERRORS = ("server_full", "shutting_down", "decode_failed", "flush_timeout")  # the rest are the client's
+# OpenAI's fields that do not apply here: accepted and ignored
+IGNORED = {"session": {"id", "object", "expires_at", "client_secret", "modalities"},
+           "transcription": {"delay", "keywords", "languages"},
+           "turn_detection": {"create_response", "interrupt_response", "idle_timeout_ms", "eagerness"},
+           "noise_reduction": {"strength"}}
+
+
+class RealtimeError(ProtocolError):
+    """A client mistake, sent as OpenAI's ``error`` event (``param``: the field at fault); the session goes on."""
+
+    def __init__(self, code: str, message: str, param: str | None = None):
+        super().__init__(code, message)
+        self.param = param
+
+
+def error_event(e: ProtocolError, event_id: str | None, server_event_id: str) -> dict:
+    kind = "server_error" if e.code in SERVER_ERRORS else "invalid_request_error"
+    return {"type": "error", "event_id": server_event_id,
+            "error": {"type": kind, "code": e.code, "message": e.message, "param": getattr(e, "param", None),
+                      "event_id": event_id}}
+
+
+@dataclass(frozen=True)
+class Vad:
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A session's configuration: defaults as OpenAI's, changed by each ``session.update``."""
+    format: str = "audio/pcm"  # or audio/pcmu, audio/pcma (G.711, 8 kHz)
+    rate: int = 24000  # audio/pcm only: OpenAI's 24000, or any rate from 8000 to 192000 Hz (resampled)
+    model: str = "whisper-1"  # any name: the server has one model
+    language: str | None = None  # None: detected per utterance
+    prompt: str = ""
+    vad: Vad | None = Vad()  # None: turns end at input_audio_buffer.commit only
+    noise_reduction: str | None = None
+    logprobs: bool = False
+
+    def stream(self, step_s: float, policy: str) -> StreamConfig:
+        """The engine stream these settings ask for."""
+        vad = self.vad or Vad()
+        return StreamConfig(language=self.language, interim=True, step_s=step_s, vad=self.vad is not None,
+                            vad_threshold=vad.threshold, preroll_s=vad.prefix_padding_ms / 1000,
+                            end_silence_s=vad.silence_duration_ms / 1000, policy=policy)
+
+    def as_dict(self, beta: bool) -> dict:
+        """The session object of ``session.created``/``.updated`` (beta: ``transcription_session.*``)."""
+        transcription = {"model": self.model, "language": self.language, "prompt": self.prompt}
+        vad = None if self.vad is None else {"type": "server_vad", **self.vad.__dict__}
+        noise = None if self.noise_reduction is None else {"type": self.noise_reduction}
+        include = [LOGPROBS] if self.logprobs else []
+        if beta:
+            return {"object": "realtime.transcription_session", "input_audio_format": FORMATS[self.format],
+                    "input_audio_transcription": transcription, "turn_detection": vad,
+                    "input_audio_noise_reduction": noise, "include": include, "modalities": ["text"]}
+        audio_format = {"type": self.format, **({"rate": self.rate} if self.format == "audio/pcm" else {})}
+        return {"type": "transcription", "object": "realtime.transcription_session", "include": include,
+                "audio": {"input": {"format": audio_format, "transcription": transcription, "turn_detection": vad,
+                                    "noise_reduction": noise}}}
+
+
+def parse_event(text: str) -> dict:
+    """A client event: JSON, a known ``type``, an optional string ``event_id``."""
+    try:
+        event = load_object(text)
+    except ProtocolError as e:
+        raise RealtimeError("invalid_json" if e.code == "bad_json" else "missing_required_parameter", e.message,
+                            None if e.code == "bad_json" else "type") from None
+    if (event_id := event.get("event_id")) is not None and not isinstance(event_id, str):
+        raise RealtimeError("invalid_type", f"event_id must be a string, not {echo(event_id)}", "event_id")
+    if event["type"] not in CLIENT_EVENTS:
+        raise RealtimeError("invalid_value", f"unknown or unsupported event type {echo(event['type'])}: a "
+                            f"transcription session takes {', '.join(CLIENT_EVENTS)}", "type")
+    return event
+
+
+def _fields(obj, path: str, known: set[str]) -> dict:
+    """``obj`` checked to be an object with no fields beyond ``known`` (and OpenAI's ignored ones)."""
+    if not isinstance(obj, dict):
+        raise RealtimeError("invalid_type", f"{path} must be an object, not {echo(obj)}", path)
+    extra = sorted(set(obj) - known - IGNORED.get(path.rsplit(".", 1)[-1], set()))
+    if extra:
+        names = ", ".join(echo(name) for name in extra[:ECHO_FIELDS])
+        more = f" and {len(extra) - ECHO_FIELDS} more" if len(extra) > ECHO_FIELDS else ""
+        raise RealtimeError("unknown_parameter", f"unknown fields in {path}: {names}{more} (known: "
+                            f"{', '.join(sorted(known))})", f"{path}.{extra[0]}" if len(extra[0]) <= 64 else path)
+    return obj
+
+
+def _number(obj: dict, name: str, path: str, default, low: float, high: float, integer: bool = False):
+    value = obj.get(name, default)
+    kinds = int if integer else int | float
+    if not isinstance(value, kinds) or isinstance(value, bool) or not low <= value <= high:
+        kind = "an integer" if integer else "a number"
+        raise RealtimeError("invalid_value", f"{path}.{name} must be {kind} from {low:g} to {high:g}, not "
+                            f"{echo(value)}", f"{path}.{name}")
+    return value
+
+
+def _string(obj: dict, name: str, path: str, default, choices=None, nullable: bool = False):
+    value = obj.get(name, default)
+    if (value is None and nullable) or (isinstance(value, str) and (choices is None or value in choices)):
+        return value
+    allowed = f"one of {', '.join(choices)}" if choices else "a string"
+    raise RealtimeError("invalid_value", f"{path}.{name} must be {allowed}, not {echo(value)}", f"{path}.{name}")
+
+
+def _beta_as_ga(session: dict) -> dict:
+    """A beta ``transcription_session.update``'s session in the GA layout (same checks for both)."""
+    session = _fields(session, "session", {"input_audio_format", "input_audio_transcription", "turn_detection",
+                                           "input_audio_noise_reduction", "include"})
+    names = {"input_audio_format": "format", "input_audio_transcription": "transcription",
+             "turn_detection": "turn_detection", "input_audio_noise_reduction": "noise_reduction"}
+    audio_in = {ga: session[beta] for beta, ga in names.items() if beta in session}
+    if "format" in audio_in:
+        beta_formats = {beta: ga for ga, beta in FORMATS.items()}
+        if not isinstance(audio_in["format"], str) or audio_in["format"] not in beta_formats:
+            raise RealtimeError("invalid_value", f"session.input_audio_format must be one of {', '.join(beta_formats)}"
+                                f", not {echo(audio_in['format'])}", "session.input_audio_format")
+        audio_in["format"] = {"type": beta_formats[audio_in["format"]]}
+    return {"type": "transcription", "audio": {"input": audio_in}, **{k: session[k] for k in ("include",) if k in session}}
+
+
+def parse_update(event: dict, current: Settings, languages: set[str] | None) -> Settings:
+    """The settings after ``session.update`` (GA) or ``transcription_session.update`` (beta): fields not given keep
+    their values; ``turn_detection: null`` turns server VAD off."""
+    if "session" not in event:
+        raise RealtimeError("missing_required_parameter", "the event needs a session object", "session")
+    session = event["session"]
+    if event["type"] == "transcription_session.update":
+        session = _beta_as_ga(session)
+    session = _fields(session, "session", {"type", "audio", "include"})
+    if session.get("type") != "transcription":
+        raise RealtimeError("invalid_value", f"session.type must be \"transcription\" (asr_spec serves transcription "
+                            f"sessions only), not {echo(session.get('type'))}", "session.type")
+    new = current
+    if (include := session.get("include")) is not None:
+        if not isinstance(include, list) or any(x != LOGPROBS for x in include):
+            raise RealtimeError("invalid_value", f"session.include may hold only {LOGPROBS!r}", "session.include")
+        new = replace(new, logprobs=bool(include))
+    audio = _fields(session.get("audio", {}), "session.audio", {"input"})
+    audio_in = _fields(audio.get("input", {}), "session.audio.input",
+                       {"format", "transcription", "turn_detection", "noise_reduction"})
+    if (fmt := audio_in.get("format")) is not None:
+        path = "session.audio.input.format"
+        kind = _string(_fields(fmt, path, {"type", "rate"}), "type", path, "audio/pcm", list(FORMATS))
+        if kind != "audio/pcm" and "rate" in fmt and fmt["rate"] != 8000:
+            raise RealtimeError("invalid_value", f"{kind} is 8000 Hz audio", f"{path}.rate")
+        rate = _number(fmt, "rate", path, 24000, 8000, 192000, integer=True) if kind == "audio/pcm" else 8000
+        new = replace(new, format=kind, rate=rate)
+    if (tr := audio_in.get("transcription")) is not None:
+        path = "session.audio.input.transcription"
+        _fields(tr, path, {"model", "language", "prompt"})
+        language = _string(tr, "language", path, new.language, nullable=True) or None
+        if language is not None and languages is not None and language not in languages:
+            raise RealtimeError("invalid_value", f"unknown language {echo(language)}", f"{path}.language")
+        new = replace(new, model=_string(tr, "model", path, new.model, nullable=True) or new.model, language=language,
+                      prompt=_string(tr, "prompt", path, new.prompt, nullable=True) or "")
+    if "turn_detection" in audio_in:
+        new = replace(new, vad=_vad(audio_in["turn_detection"], new.vad))
+    if "noise_reduction" in audio_in:
+        path, noise = "session.audio.input.noise_reduction", audio_in["noise_reduction"]
+        new = replace(new, noise_reduction=None if noise is None else _string(
+            _fields(noise, path, {"type"}), "type", path, "near_field", ["near_field", "far_field"]))
+    return new
+
+
+def _vad(td, current: Vad | None) -> Vad | None:
+    path = "session.audio.input.turn_detection"
+    if td is None:
+        return None
+    _fields(td, path, {"type", "threshold", "prefix_padding_ms", "silence_duration_ms"})
+    kind = _string(td, "type", path, "server_vad", ["server_vad", "semantic_vad"])
+    if kind == "semantic_vad":
+        raise RealtimeError("invalid_value", "semantic_vad is not supported: use server_vad (silero VAD) or null "
+                            "(manual commits)", f"{path}.type")
+    base = current or Vad()
+    return Vad(threshold=_number(td, "threshold", path, base.threshold, 0.0, 1.0),
+               prefix_padding_ms=_number(td, "prefix_padding_ms", path, base.prefix_padding_ms, 0, 10000, integer=True),
+               silence_duration_ms=_number(td, "silence_duration_ms", path, base.silence_duration_ms, 32, 10000,
+                                           integer=True))
+
+
+def appended_audio(event: dict) -> bytes:
+    """The bytes of an ``input_audio_buffer.append``."""
+    audio = event.get("audio")
+    if not isinstance(audio, str):
+        raise RealtimeError("missing_required_parameter" if audio is None else "invalid_type",
+                            "input_audio_buffer.append needs audio: a base64 string", "audio")
+    try:
+        return base64.b64decode(audio, validate=True)
+    except (binascii.Error, ValueError):
+        raise RealtimeError("invalid_value", f"audio is not base64 ({len(audio)} characters; dropped)", "audio") from None
+
+
+def _g711_tables() -> dict[str, np.ndarray]:
+    """16-bit samples of the 256 G.711 codes (ITU-T G.711: mu-law and A-law)."""
+    code = np.arange(256)
+    u = ~code & 0xFF
+    mu = (((u & 0x0F) << 3) + 0x84 << ((u >> 4) & 7)) - 0x84
+    a = code ^ 0x55
+    exp, mant = (a >> 4) & 7, a & 0x0F
+    alaw = np.where(exp == 0, (mant << 4) + 8, ((mant << 4) + 0x108) << np.maximum(exp - 1, 0))
+    return {"audio/pcmu": np.where(u & 0x80, -mu, mu).astype("<i2"),
+            "audio/pcma": np.where(a & 0x80, alaw, -alaw).astype("<i2")}
+
+
+G711 = _g711_tables()
+
+
+class RealtimeAudio(AudioDecoder):
+    """Audio of a session's format -> 16 kHz mono float32: 16-bit PCM at its rate, or G.711 at 8 kHz."""
+
+    def __init__(self, settings: Settings):
+        super().__init__(Start(sample_rate=settings.rate, encoding="pcm_s16le", channels=1))
+        self.table = G711.get(settings.format)
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        if self.table is not None:
+            data = self.table[np.frombuffer(data, dtype=np.uint8)].tobytes()
+        try:
+            return super().__call__(data)
+        except ProtocolError as e:  # an odd byte count of 16-bit audio
+            raise RealtimeError("invalid_value", e.message + " (dropped)", "audio") from None
+
+
+def item(item_id: str, transcript: str | None) -> dict:
+    """The user message item a turn's audio and transcript make."""
+    return {"id": item_id, "object": "realtime.item", "type": "message", "status": "completed", "role": "user",
+            "content": [{"type": "input_audio", "transcript": transcript}]}
