@@ -1,17 +1,29 @@
-"""Streaming benchmarks (issue 5): latency at real-time pace, simultaneous sessions, streaming WER.
+"""Streaming benchmarks (issues 5, 26): latency at real-time pace, simultaneous sessions, streaming WER.
 
     python eval/bench_streaming.py [--sessions 1,4,8] [--seconds 40] [--limit N] [--threads 2]
-                                   [--encoder-windows audio,full] [--skip-wer] [--out eval/out/streaming]
+                                   [--policy alignatt|local-agreement] [--encoder-windows audio,full]
+                                   [--skip-wer] [--out eval/out/streaming]
+
+What runs is what ``asr_spec serve`` runs with its own defaults (compute type, step, commit policy, engine
+settings: read from serve's argument parser); ``--compute-type``, ``--step`` and ``--policy`` override them.
 
 1. Streaming vs offline WER: every dev utterance and the long-form file streamed through the engine
    (0.5 s chunks, re-decoded every ``--step`` s of audio, as a real-time stream with instant decoding
    would be), against ``asr_spec transcribe``'s offline output of the same audio.
 2. Latency and capacity: a real ``asr_spec serve`` (in-process, loopback) and N WebSocket clients, each
-   sending ``--seconds`` of dev speech (utterances joined by 0.6 s pauses) paced at real time. For every
-   word of the final transcript: its end time is estimated inside its final segment (Whisper gives
-   segment, not word, times: linear in characters), its partial latency is when it first appeared at
-   its position in committed + partial text minus that time, its final latency when it was committed.
-   Sustained = the engine's busy time stays below the stream duration (RTF < 1) for N streams at once.
+   sending ``--seconds`` of dev speech (utterances joined by 0.6 s pauses) paced at real time. Each session's
+   audio is also transcribed offline with word timestamps (Whisper's alignment); the streamed finals' words
+   are aligned with those words. A word's partial latency is when it first appeared at its place in
+   committed + partial text minus the time its audio ended, its final latency when it was committed minus
+   that time. Beside it, for one run, the old yardstick: the end time estimated linearly in characters
+   inside the offline segment (``*_linear_*``). Words missing: offline words with no counterpart in the
+   finals. Sustained = the engine's busy time stays below the stream duration (RTF < 1). Where the time
+   goes (shares of the wall time): the engine's own busy time; the inference thread inside the engine
+   (``pending`` + ``step``); outside it while a stream was due (after a step, or a ``pending`` that found one)
+   and while nothing was; and per decode how long its oldest audio had waited, the step's gathering included
+   (``engine.queue_wait_s``).
+   The summary names the largest N with RTF < 1 and final latency median <= 3 s: to find the most
+   sessions the machine serves, list candidates (``--sessions 4,6,8,10,12``).
 """
 from __future__ import annotations
 
@@ -19,20 +31,27 @@ import argparse
 import asyncio
 import difflib
 import json
+import os
 import re
 import threading
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Callable, Protocol, Sequence, TypeVar
 
 import jiwer
 import numpy as np
 import torch
 from whisper_normalizer.english import EnglishTextNormalizer
 
+from asr_spec import streaming
+from asr_spec.alignment import Word
 from asr_spec.audio import load_audio
+from asr_spec.cli import build_parser
 from asr_spec.clients.stream import stream_file
 from asr_spec.evaluation.provenance import provenance
 from asr_spec.models.loader import ModelOptions, load
+from asr_spec.recognizer import Recognizer
 from asr_spec.server.app import Server
 from asr_spec.server.config import ServerConfig
 from asr_spec.streaming.engine import Engine, EngineConfig, stream_audio
@@ -41,12 +60,25 @@ from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 ROOT = Path(__file__).resolve().parents[1]
 DEV = ROOT.parent / "shared" / "data" / "dev"
+SERVE = build_parser().parse_args(["serve"])  # serve's own defaults
+MAX_FINAL_LATENCY_S = 3.0  # the capacity bar: real time with final latency median at most this
 normalize = EnglishTextNormalizer()
+Log = list[tuple[float, dict]]  # (seconds since the session started, event)
+T = TypeVar("T")
 
 
 def words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9']+", text.lower())
 
+
+def with_policy(cls: type, field: str, policy: str | None, **kwargs):
+    """``cls(**kwargs)`` with ``field`` = ``policy`` when the dataclass has that field (older trees have none)."""
+    if policy is not None and field in {f.name for f in fields(cls)}:
+        kwargs[field] = policy
+    return cls(**kwargs)
+
+
+# --- streaming WER -------------------------------------------------------------------------------------------
 
 def wer_pair(ref: list[str], hyp: list[str]) -> float:
     refs = [normalize(r) for r in ref]
@@ -54,8 +86,8 @@ def wer_pair(ref: list[str], hyp: list[str]) -> float:
     return jiwer.wer([refs[i] for i in keep], [normalize(hyp[i]) for i in keep])
 
 
-def streaming_wer(tr: Transcriber, items: list[dict], root: Path, step: float, compare_hints: bool = False,
-                  config: EngineConfig = EngineConfig()) -> dict:
+def streaming_wer(tr: Transcriber, items: list[dict], root: Path, step: float, policy: str | None,
+                  compare_hints: bool = False, config: EngineConfig = EngineConfig()) -> dict:
     """Offline vs streamed WER; with ``compare_hints`` also the streaming cost without hint drafts."""
     refs, offline, streamed = [], [], []
     cost: dict[bool, dict] = {}
@@ -63,11 +95,13 @@ def streaming_wer(tr: Transcriber, items: list[dict], root: Path, step: float, c
         engine, passes, hinted, texts = Engine(tr, config), 0, 0, []
         for it in items:
             audio = load_audio(root / it["audio"])
-            events = stream_audio(engine, audio, StreamConfig(step_s=step, use_hint=use_hint), stats=(st := []))
+            stream = with_policy(StreamConfig, "policy", policy, step_s=step, use_hint=use_hint)
+            events = stream_audio(engine, audio, stream, stats=(st := []))
             passes += sum(s.decode.target_passes for s in st)
             hinted += sum(s.decode.hint_accepted for s in st)
             texts.append("".join(e.join + e.text for e in events if e.type == "final"))
-        cost[use_hint] = {"engine_busy_s": round(engine.busy_s, 2), "target_passes": passes, "hint_tokens_accepted": hinted}
+        cost[use_hint] = {"engine_busy_s": round(engine.busy_s, 2), "target_passes": passes,
+                          "hint_tokens_accepted": hinted}
         streamed = streamed or texts
     for it in items:
         refs.append(it["text"])
@@ -80,6 +114,122 @@ def streaming_wer(tr: Transcriber, items: list[dict], root: Path, step: float, c
     return out
 
 
+# --- per-word latency (pure: tested in tests/test_bench_streaming.py) ----------------------------------------
+
+@dataclass(frozen=True)
+class TimedWord:
+    word: str
+    end: float  # when its audio ended: Whisper's word alignment of the offline transcript
+    end_linear: float  # the old estimate: linear in characters inside its offline segment
+
+
+class HasWords(Protocol):  # the part of transcribe.Segment that timed_words reads
+    start: float
+    end: float
+    words: list[Word] | None
+
+
+def timed_words(segments: Sequence[HasWords]) -> list[TimedWord]:
+    """The offline transcript's words (as :func:`words` splits them), each with both end times."""
+    out = []
+    for seg in segments:
+        pieces = [(x, w.end) for w in seg.words or () for x in words(w.word)]
+        total, acc = sum(len(x) for x, _ in pieces) or 1, 0
+        for x, end in pieces:
+            acc += len(x)
+            out.append(TimedWord(x, end, seg.start + (seg.end - seg.start) * acc / total))
+    return out
+
+
+def streamed_words(log: Log) -> tuple[list[str], list[float], list[float]]:
+    """The session's committed words (its finals joined by their ``join`` strings) and, per word, when it first
+    appeared at its place in committed + partial text and when it was committed. A final that continues the last
+    committed word (no space in between) commits the whole word anew."""
+    text, committed, final_at, first = "", [], [], {}
+    for t, e in log:
+        if e["type"] not in ("partial", "final"):
+            continue
+        hyp = words(text + e["join"] + e["text"])
+        if e["type"] == "final":
+            text += e["join"] + e["text"]
+            keep = len(os.path.commonprefix([committed, hyp]))
+            committed, final_at = hyp, final_at[:keep] + [t] * (len(hyp) - keep)
+        for i, x in enumerate(hyp):
+            first.setdefault((i, x), t)
+    return committed, [first[(i, x)] for i, x in enumerate(committed)], final_at
+
+
+def word_latencies(log: Log, offline: list[TimedWord]) -> dict[str, list[float]]:
+    """Partial and final latency of every committed word that aligns with an offline word, from its aligned end
+    time and (``*_linear``) from the old linear estimate."""
+    committed, first, final_at = streamed_words(log)
+    match = difflib.SequenceMatcher(a=committed, b=[w.word for w in offline], autojunk=False)
+    keys = [f"{kind}_latency{suffix}" for kind in ("partial", "final") for suffix in ("", "_linear")]
+    out: dict[str, list[float]] = {key: [] for key in keys}
+    for block in match.get_matching_blocks():
+        for i, j in zip(range(block.a, block.a + block.size), range(block.b, block.b + block.size)):
+            for suffix, end in (("", offline[j].end), ("_linear", offline[j].end_linear)):
+                out["partial_latency" + suffix].append(first[i] - end)
+                out["final_latency" + suffix].append(final_at[i] - end)
+    return out
+
+
+def missing_words(offline: list[str], committed: list[str]) -> int:
+    """Offline words with no counterpart in the finals: deleted ones, and those a shorter span replaced."""
+    match = difflib.SequenceMatcher(a=offline, b=committed, autojunk=False)
+    return sum(max(0, (i2 - i1) - (j2 - j1))
+               for tag, i1, i2, j1, j2 in match.get_opcodes() if tag in ("delete", "replace"))
+
+
+def pct(xs: Sequence[float], q: float) -> float | None:
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else None
+
+
+def largest_real_time(rows: list[dict]) -> int | None:
+    """The most sessions served at real time (RTF < 1) with final latency median <= 3 s."""
+    def ok(r: dict) -> bool:
+        latency = r["final_latency_median_s"]
+        return r["rtf"] < 1 and latency is not None and latency <= MAX_FINAL_LATENCY_S
+
+    return max((r["sessions"] for r in rows if ok(r)), default=None)
+
+
+# --- capacity: a real server, real clients -------------------------------------------------------------------
+
+class EngineProbe:
+    """How the server's inference thread spends its time, seen from outside (``pending`` and ``step`` wrapped;
+    nothing added to the engine's own accounting): inside the engine; between engine calls after a step or a
+    ``pending`` that found a stream due (the engine idle while a stream waits: delivering events, waiting for
+    the GIL); and after ``pending`` found nothing due (idle, nothing to do)."""
+
+    def __init__(self, engine: Engine):
+        self.inside_s = self.idle_due_s = self.idle_s = 0.0
+        self._end: float | None = None
+        self._due = False
+        pending, step = engine.pending, engine.step
+        engine.pending = lambda: self._call(pending, lambda due: due)
+        engine.step = lambda: self._call(step, lambda _: True)
+
+    def _call(self, fn: Callable[[], T], due: Callable[[T], bool]) -> T:
+        t0 = time.perf_counter()
+        if self._end is not None:
+            if self._due:
+                self.idle_due_s += t0 - self._end
+            else:
+                self.idle_s += t0 - self._end
+        out = fn()
+        self._end = time.perf_counter()
+        self.inside_s += self._end - t0
+        self._due = due(out)
+        return out
+
+    def shares(self, wall: float) -> dict[str, float]:
+        return {"engine_inside_share": round(self.inside_s / wall, 3),
+                "engine_idle_while_due_share": round(self.idle_due_s / wall, 3),
+                "engine_idle_share": round(self.idle_s / wall, 3)}
+
+
 def speech(items: list[dict], seconds: float, offset: int) -> np.ndarray:
     parts, total, i = [], 0.0, offset
     while total < seconds:
@@ -90,140 +240,176 @@ def speech(items: list[dict], seconds: float, offset: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def client(url: str, audio: np.ndarray, log: list) -> None:
+def client(url: str, audio: np.ndarray, log: Log) -> None:
     """Stream ``audio`` at real time; log (seconds since the stream started, event)."""
     t0 = time.monotonic()
     stream_file(url, audio, 1.0, lambda e: log.append((time.monotonic() - t0, e)))
 
 
-def word_times(tr: Transcriber, audio: np.ndarray) -> list[tuple[str, float]]:
-    """(word, estimated end time) from the offline transcript: linear in characters inside each segment."""
-    out = []
-    for seg in tr.transcribe(audio, TranscribeOptions(language="en")).segments:
-        w = words(seg.text)
-        total, acc = sum(len(x) for x in w) or 1, 0
-        for x in w:
-            acc += len(x)
-            out.append((x, seg.start + (seg.end - seg.start) * acc / total))
-    return out
+def run_clients(url: str, audios: list[np.ndarray]) -> tuple[list[Log], float]:
+    """Every audio streamed by its own client at once: their event logs, and the wall time until the last closed."""
+    logs: list[Log] = [[] for _ in audios]
+    threads = [threading.Thread(target=client, args=(url, a, log)) for a, log in zip(audios, logs)]
+    t0 = time.monotonic()
+    for c in threads:
+        c.start()
+    for c in threads:
+        c.join()
+    return logs, time.monotonic() - t0
 
 
-def word_latencies(log: list, timed: list[tuple[str, float]]) -> tuple[list[float], list[float]]:
-    """(partial latencies, final latencies) of the final transcript's words that align with the offline
-    transcript's words (which carry the time estimates)."""
-    committed, first_seen, final_at = [], {}, {}
-    for t, e in log:
-        if e["type"] == "final":
-            for x in words(e["text"]):
-                final_at[len(committed)] = t
-                committed.append(x)
-            hyp = committed
-        elif e["type"] == "partial":
-            hyp = committed + words(e["text"])
-        else:
-            continue
-        for i, x in enumerate(hyp):
-            first_seen.setdefault((i, x), t)
-    partial, final = [], []
-    match = difflib.SequenceMatcher(a=committed, b=[w for w, _ in timed], autojunk=False)
-    for block in match.get_matching_blocks():
-        for d in range(block.size):
-            i, end = block.a + d, timed[block.b + d][1]
-            partial.append(first_seen[(i, committed[i])] - end)
-            final.append(final_at[i] - end)
-    return partial, final
+def serve_engine(target, draft, max_batch: int) -> Engine:
+    """The engine exactly as ``asr_spec serve`` builds it."""
+    return Engine(Recognizer(target, draft), EngineConfig(max_batch=max_batch))
 
 
-def pct(xs: list[float], q: float) -> float | None:
-    xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else None
-
-
-def capacity(tr: Transcriber, items: list[dict], n: int, seconds: float, step: float) -> dict:
-    server = Server(Engine(tr), ServerConfig(port=0, max_sessions=n + 1, max_sessions_per_client=n + 1, step_s=step))
-    ready = threading.Event()
+def capacity(tr: Transcriber, engine: Engine, items: list[dict], n: int, seconds: float, step: float,
+             policy: str | None) -> dict:
+    """One row: ``n`` real-time WebSocket sessions on a server around ``engine`` (a fresh one, as serve builds it)."""
+    config = with_policy(ServerConfig, "commit_policy", policy, port=0, max_sessions=n + 1,
+                         max_sessions_per_client=n + 1, step_s=step)
+    server, ready = Server(engine, config), threading.Event()
     th = threading.Thread(target=lambda: asyncio.run(server.serve_forever(ready)), daemon=True)
     th.start()
     ready.wait(30)
-    url = f"ws://127.0.0.1:{server.port}"
-    logs = [[] for _ in range(n)]
     audios = [speech(items, seconds, 7 * i) for i in range(n)]
-    t0 = time.monotonic()
-    clients = [threading.Thread(target=client, args=(url, a, log)) for a, log in zip(audios, logs)]
-    for c in clients:
-        c.start()
-    for c in clients:
-        c.join()
-    wall = time.monotonic() - t0
-    busy = server.engine.busy_s
+    busy0, probe = engine.busy_s, EngineProbe(engine)
+    logs, wall = run_clients(f"ws://127.0.0.1:{server.port}", audios)
+    shares = probe.shares(wall)
     server.stop()
     th.join(10)
-    partial, final, lag = [], [], []
+    busy, waits = engine.busy_s - busy0, list(engine.queue_wait_s)
+    duration = max(len(a) for a in audios) / 16000
+    row = {"sessions": n, "stream_seconds": round(duration, 1), "wall_seconds": round(wall, 1),
+           "engine_busy_seconds": round(busy, 1), "rtf": round(busy / duration, 3),
+           "engine_busy_share": round(busy / wall, 3), **shares,
+           "queue_wait_median_s": pct(waits, 0.5), "queue_wait_p90_s": pct(waits, 0.9),
+           "queue_wait_max_s": pct(waits, 1.0)}
+    return row | session_words(tr, audios, logs)
+
+
+def session_words(tr: Transcriber, audios: list[np.ndarray], logs: list[Log]) -> dict:
+    """Latencies (both yardsticks), words missing against the offline transcript, and how long after its audio
+    ended the last session was closed."""
+    lat: dict[str, list[float]] = {}
+    offline_total = missing = 0
+    lag = []
     for a, log in zip(audios, logs):
-        p, f = word_latencies(log, word_times(tr, a))
-        partial += p
-        final += f
+        offline = timed_words(tr.transcribe(a, TranscribeOptions(language="en", word_timestamps=True)).segments)
+        for key, xs in word_latencies(log, offline).items():
+            lat.setdefault(key, []).extend(xs)
+        offline_total += len(offline)
+        missing += missing_words([w.word for w in offline], streamed_words(log)[0])
         closed = [t for t, e in log if e["type"] == "closed"]
         lag.append(closed[-1] - len(a) / 16000 if closed else float("nan"))
-    duration = max(len(a) for a in audios) / 16000
-    return {"sessions": n, "stream_seconds": round(duration, 1), "wall_seconds": round(wall, 1),
-            "engine_busy_seconds": round(busy, 1), "rtf": round(busy / duration, 3),
-            "words": len(final), "partial_latency_median_s": pct(partial, 0.5), "partial_latency_p90_s": pct(partial, 0.9),
-            "final_latency_median_s": pct(final, 0.5), "final_latency_p90_s": pct(final, 0.9),
-            "close_lag_max_s": round(max(lag), 2)}
+    out = {"words": len(lat.get("final_latency", [])), "words_offline": offline_total, "words_missing": missing}
+    for key, xs in lat.items():
+        out |= {f"{key}_median_s": pct(xs, 0.5), f"{key}_p90_s": pct(xs, 0.9)}
+    return out | {"close_lag_max_s": round(max(lag), 2)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+# --- main ----------------------------------------------------------------------------------------------------
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sessions", default="1,4,8", help="comma-separated session counts (empty: none)")
     ap.add_argument("--seconds", type=float, default=40.0, help="audio per session in the capacity runs")
-    ap.add_argument("--step", type=float, default=StreamConfig.step_s)
+    ap.add_argument("--step", type=float, default=SERVE.step, help=f"as serve's --step (default {SERVE.step}, serve's)")
+    policy = getattr(SERVE, "commit_policy", None)
+    ap.add_argument("--policy", default=policy, choices=getattr(streaming, "POLICIES", None),
+                    help=f"as serve's --commit-policy (default {policy}, serve's)")
     ap.add_argument("--limit", type=int, default=0, help="dev utterances for the WER part (0 = all)")
     ap.add_argument("--skip-wer", action="store_true")
     ap.add_argument("--encoder-windows", default="audio,full",
                     help="streamed WER with the encoder on the buffer's audio (the default) and on padded 30 s windows")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--compute-type", default="auto", help="as serve's --compute-type (default auto, serve's own)")
+    ap.add_argument("--compute-type", default=SERVE.compute_type,
+                    help=f"as serve's --compute-type (default {SERVE.compute_type}, serve's)")
     ap.add_argument("--out", default=str(ROOT / "eval" / "out" / "streaming"))
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def wer_part(tr: Transcriber, items: list[dict], args: argparse.Namespace) -> dict:
+    results = {}
+    dev = items[: args.limit] if args.limit else items
+    long_items = [json.loads(x) for x in (DEV / "longform" / "manifest.jsonl").read_text().splitlines()]
+    for win in args.encoder_windows.split(","):
+        config, tag = EngineConfig(encoder_window=win), "" if win == "audio" else f"_{win}_window"
+        results["wer_dev" + tag] = streaming_wer(tr, dev, DEV, args.step, args.policy, config=config)
+        print("dev", win, results["wer_dev" + tag], flush=True)
+        results["wer_longform" + tag] = streaming_wer(tr, long_items, DEV / "longform", args.step, args.policy,
+                                                      compare_hints=win == "audio", config=config)
+        print("long-form", win, results["wer_longform" + tag], flush=True)
+    return results
+
+
+def spread(r: dict, key: str) -> str:
+    return f"{r[key + '_median_s']} / {r[key + '_p90_s']}"
+
+
+COLUMNS: list[tuple[str, Callable[[dict], object]]] = [
+    ("sessions", lambda r: r["sessions"]),
+    ("RTF (engine busy / stream)", lambda r: r["rtf"]),
+    ("engine busy / inside the engine / idle while a stream is due / idle (share of wall)",
+     lambda r: " / ".join(str(r[f"engine_{k}_share"]) for k in ("busy", "inside", "idle_while_due", "idle"))),
+    ("audio's wait for its decode median / p90 / max s (step included)",
+     lambda r: f"{spread(r, 'queue_wait')} / {r['queue_wait_max_s']}"),
+    ("partial latency median / p90 s", lambda r: spread(r, "partial_latency")),
+    ("final latency median / p90 s", lambda r: spread(r, "final_latency")),
+    ("old yardstick (linear in characters): partial median / p90 s", lambda r: spread(r, "partial_latency_linear")),
+    ("old: final median / p90 s", lambda r: spread(r, "final_latency_linear")),
+    ("words timed", lambda r: r["words"]),
+    ("words missing / offline", lambda r: f"{r['words_missing']} / {r['words_offline']}"),
+    ("close lag max s", lambda r: r["close_lag_max_s"]),
+]
+
+
+def capacity_lines(rows: list[dict]) -> list[str]:
+    lines = ["| " + " | ".join(head for head, _ in COLUMNS) + " |", "|---" * len(COLUMNS) + "|"]
+    lines += ["| " + " | ".join(str(cell(r)) for _, cell in COLUMNS) + " |" for r in rows]
+    best = largest_real_time(rows)
+    tried = ", ".join(str(r["sessions"]) for r in rows)
+    return lines + ["", "Largest number of sessions at real time (RTF < 1) with final latency median <= "
+                    f"{MAX_FINAL_LATENCY_S:g} s: " + (str(best) if best is not None else f"none of {tried}")]
+
+
+def wer_lines(results: dict) -> list[str]:
+    return [f"- {key}: {r['utterances']} file(s), WER offline {r['wer_offline']} %, streaming {r['wer_streaming']} %, "
+            f"streaming vs offline {r['wer_streaming_vs_offline']} %; with hints {r['with_hints']}"
+            + (f", without {r['without_hints']}" if "without_hints" in r else "")
+            for key, r in results.items() if key.startswith("wer_")]
+
+
+def report(results: dict, args: argparse.Namespace) -> str:
+    lines = ["# Streaming benchmark", "", f"`python eval/bench_streaming.py` · serve's defaults unless told: "
+             f"step {args.step} s · policy {args.policy} · compute type {results['compute_type']} · "
+             f"{args.threads} threads"]
+    for part in (wer_lines(results), capacity_lines(results["capacity"]) if results["capacity"] else []):
+        lines += ["", *part] if part else []
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
-    target, draft = load(ModelOptions(compute_type=args.compute_type))
+    target, draft = load(ModelOptions(compute_type=args.compute_type))  # serve's model and draft defaults
     tr = Transcriber(target, draft)
     items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
-    results: dict = {"provenance": provenance(args.threads), "step_s": args.step, "threads": args.threads,
-                     "compute_type": target.precision.name}
+    results: dict = {"provenance": provenance(args.threads), "step_s": args.step, "policy": args.policy,
+                     "threads": args.threads, "compute_type": target.precision.name}
     if not args.skip_wer:
-        dev = items[: args.limit] if args.limit else items
-        long_items = [json.loads(x) for x in (DEV / "longform" / "manifest.jsonl").read_text().splitlines()]
-        for win in args.encoder_windows.split(","):
-            config, tag = EngineConfig(encoder_window=win), "" if win == "audio" else f"_{win}_window"
-            results["wer_dev" + tag] = streaming_wer(tr, dev, DEV, args.step, config=config)
-            print("dev", win, results["wer_dev" + tag], flush=True)
-            results["wer_longform" + tag] = streaming_wer(tr, long_items, DEV / "longform", args.step,
-                                                          compare_hints=win == "audio", config=config)
-            print("long-form", win, results["wer_longform" + tag], flush=True)
+        results |= wer_part(tr, items, args)
     results["capacity"] = []
     for n in (int(x) for x in args.sessions.split(",") if x):
-        row = capacity(tr, items, n, args.seconds, args.step)
+        row = capacity(tr, serve_engine(target, draft, SERVE.max_batch), items, n, args.seconds, args.step, args.policy)
         print(row, flush=True)
         results["capacity"].append(row)
-    out = Path(args.out + ("" if args.compute_type == "auto" else f"-{args.compute_type}"))
+    results["largest_real_time_sessions"] = largest_real_time(results["capacity"])
+    out = Path(args.out + ("" if args.compute_type == SERVE.compute_type else f"-{args.compute_type}"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    lines = ["# Streaming benchmark", "", f"`python eval/bench_streaming.py` · step {args.step} s · {args.threads} threads"
-             f" · compute type {target.precision.name}", ""]
-    for key in [k for k in results if k.startswith("wer_")]:
-        r = results[key]
-        lines.append(f"- {key}: {r['utterances']} file(s), WER offline {r['wer_offline']} %, streaming "
-                     f"{r['wer_streaming']} %, streaming vs offline {r['wer_streaming_vs_offline']} %; "
-                     f"with hints {r['with_hints']}" + (f", without {r['without_hints']}" if "without_hints" in r else ""))
-    lines += ["", "| sessions | RTF (engine busy / stream) | partial latency median / p90 s | final latency median / p90 s "
-              "| words | close lag max s |", "|---|---|---|---|---|---|"]
-    for r in results["capacity"]:
-        lines.append(f"| {r['sessions']} | {r['rtf']} | {r['partial_latency_median_s']} / {r['partial_latency_p90_s']} | "
-                     f"{r['final_latency_median_s']} / {r['final_latency_p90_s']} | {r['words']} | {r['close_lag_max_s']} |")
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    (out / "report.md").write_text(text := report(results, args))
+    print(text)
 
 
 if __name__ == "__main__":

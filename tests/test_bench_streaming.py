@@ -1,0 +1,116 @@
+"""eval/bench_streaming.py's pure parts: per-word latency from an event log and offline word times, words missing,
+the capacity summary."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "eval" / "bench_streaming.py"
+
+pytest.importorskip("jiwer")
+pytest.importorskip("whisper_normalizer")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_streaming", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+def partial(text: str, join: str = " ") -> dict:
+    return {"type": "partial", "text": text, "join": join}
+
+
+def final(text: str, join: str = " ") -> dict:
+    return {"type": "final", "text": text, "join": join}
+
+
+def word(text: str, start: float, end: float) -> SimpleNamespace:
+    return SimpleNamespace(word=text, start=start, end=end)
+
+
+def test_partial_then_final_latency(bench):
+    offline = [bench.TimedWord("hello", 0.9, 0.5)]
+    log = [(0.5, {"type": "ready"}), (1.2, partial("Hello", "")), (2.0, final("Hello.", "")), (2.5, {"type": "closed"})]
+    lat = bench.word_latencies(log, offline)
+    assert lat["partial_latency"] == [pytest.approx(0.3)]
+    assert lat["final_latency"] == [pytest.approx(1.1)]
+    assert lat["partial_latency_linear"] == [pytest.approx(0.7)]  # the old yardstick, beside it
+    assert lat["final_latency_linear"] == [pytest.approx(1.5)]
+
+
+def test_final_beginning_with_punctuation_and_a_changing_partial(bench):
+    log = [(1.0, partial("so my", "")), (1.5, final("So my", "")), (2.0, partial("fellow", " ")),
+           (2.5, partial("fellow Americans", " ")), (3.0, final(", fellow Americans", "")), (3.2, partial("ask", " "))]
+    committed, first, final_at = bench.streamed_words(log)
+    assert committed == ["so", "my", "fellow", "americans"]
+    assert first == [1.0, 1.0, 2.0, 2.5]
+    assert final_at == [1.5, 1.5, 3.0, 3.0]
+
+
+def test_final_continuing_the_last_word_commits_it_anew(bench):
+    committed, first, final_at = bench.streamed_words([(1.0, final("hel", "")), (2.0, final("lo there", ""))])
+    assert committed == ["hello", "there"]
+    assert final_at == [2.0, 2.0]
+    assert first == [2.0, 2.0]
+
+
+def test_only_words_matching_the_offline_transcript_are_timed(bench):
+    offline = [bench.TimedWord(w, end, end) for w, end in (("ask", 1.0), ("not", 1.5), ("what", 2.0))]
+    lat = bench.word_latencies([(2.5, final("Ask nought what", ""))], offline)
+    assert lat["final_latency"] == [pytest.approx(1.5), pytest.approx(0.5)]
+
+
+def test_words_missing(bench):
+    offline = "and so my fellow americans ask not".split()
+    assert bench.missing_words(offline, offline) == 0
+    assert bench.missing_words(offline, "and so my fellow americans".split()) == 2  # the end never came
+    assert bench.missing_words(offline, "and so my yellow americans ask not".split()) == 0  # a substitution
+    assert bench.missing_words(offline, "and so my americano ask not".split()) == 1  # two words became one
+    assert bench.missing_words(offline, "and so my fellow americans ask not please".split()) == 0
+
+
+def test_timed_words_from_word_timestamps_and_linear_estimate(bench):
+    seg = SimpleNamespace(start=1.0, end=3.0, words=[word(" Hi,", 1.0, 1.4), word(" U.S.", 1.5, 2.2),
+                                                     word(" team", 2.3, 2.9)])
+    timed = bench.timed_words([seg, SimpleNamespace(start=3.0, end=4.0, words=None)])
+    assert [w.word for w in timed] == ["hi", "u", "s", "team"]
+    assert [w.end for w in timed] == [1.4, 2.2, 2.2, 2.9]
+    assert [w.end_linear for w in timed] == pytest.approx([1.0 + 2 * 2 / 8, 1.0 + 2 * 3 / 8, 1.0 + 2 * 4 / 8, 3.0])
+
+
+def test_largest_real_time(bench):
+    rows = [{"sessions": 1, "rtf": 0.3, "final_latency_median_s": 0.9},
+            {"sessions": 4, "rtf": 0.8, "final_latency_median_s": 2.5},
+            {"sessions": 8, "rtf": 0.95, "final_latency_median_s": 4.0},
+            {"sessions": 10, "rtf": 1.2, "final_latency_median_s": 2.0}]
+    assert bench.largest_real_time(rows) == 4
+    assert bench.largest_real_time([{"sessions": 1, "rtf": 0.3, "final_latency_median_s": None}]) is None
+
+
+def test_engine_probe_splits_the_inference_threads_time(bench):
+    engine = SimpleNamespace(pending=lambda: (time.sleep(0.01), bool(due))[1], step=lambda: time.sleep(0.05) or {})
+    probe = bench.EngineProbe(engine)
+    due = [1]
+    engine.pending()  # due: the next gap is idle while a stream waits
+    time.sleep(0.04)
+    engine.step()
+    time.sleep(0.02)  # after a step: still work waiting
+    due.clear()
+    engine.pending()  # nothing due: the next gap is idle
+    time.sleep(0.08)
+    engine.pending()
+    assert probe.idle_due_s == pytest.approx(0.06, abs=0.02)
+    assert probe.idle_s == pytest.approx(0.08, abs=0.02)
+    assert probe.inside_s == pytest.approx(0.08, abs=0.02)
