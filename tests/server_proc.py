@@ -1,6 +1,7 @@
 """A real `asr_spec serve` subprocess on a free loopback port, for client tests."""
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -31,11 +32,12 @@ def wait_serving(port: int, proc: subprocess.Popen, stderr, seconds: float = 180
 
 
 @contextmanager
-def serve(*args: str):
-    """Yield the ws:// URL of a running server; stop it afterwards."""
+def serve(*args: str, env: dict[str, str] | None = None):
+    """Yield the ws:// URL of a running server (``env``: added to its environment); stop it afterwards."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "asr_spec.cli", "serve", "--port", str(port), *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
     wait_serving(port, proc, proc.stderr.read)
     try:
         yield f"ws://127.0.0.1:{port}"

@@ -22,15 +22,14 @@ def chromium() -> tuple[str, str]:
     return system_tool("chromium", "chromium-browser", install=install), system_tool("chromedriver", install=install)
 
 
-def test_the_page_streams_the_microphone_and_shows_the_words(tmp_path):
+def speaking_browser(tmp_path):
+    """Headless Chromium whose fake microphone plays the JFK clip, then 4 s of quiet (Chromium loops the file)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     browser, driver_path = chromium()
     speech = load_audio(DEV / "jfk-inaugural-1961-ask-not.wav")
-    wav = tmp_path / "mic.wav"  # the fake microphone: the clip, then quiet (Chromium loops the file)
+    wav = tmp_path / "mic.wav"
     sf.write(wav, np.concatenate([speech, np.zeros(4 * 16000, np.float32)]), 16000, subtype="PCM_16")
     options = webdriver.ChromeOptions()
     options.binary_location = browser
@@ -38,8 +37,15 @@ def test_the_page_streams_the_microphone_and_shows_the_words(tmp_path):
                 "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={wav}",
                 "--autoplay-policy=no-user-gesture-required", "--window-size=1000,700"):
         options.add_argument(arg)
+    return webdriver.Chrome(service=Service(driver_path), options=options)
+
+
+def test_the_page_streams_the_microphone_and_shows_the_words(tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
     with serve() as url:
-        driver = webdriver.Chrome(service=Service(driver_path), options=options)
+        driver = speaking_browser(tmp_path)
         try:
             driver.get(url.replace("ws://", "http://") + "/")
             assert driver.find_element(By.ID, "state").text == "disconnected"
@@ -59,6 +65,33 @@ def test_the_page_streams_the_microphone_and_shows_the_words(tmp_path):
         finally:
             driver.quit()
     assert SCREENSHOT.stat().st_size > 10_000
+
+
+def test_the_page_speaks_the_openai_realtime_protocol_too(tmp_path):
+    """The same page with "OpenAI Realtime" chosen: 24 kHz audio as input_audio_buffer.append events, the key as the
+    browser subprotocol, transcription deltas shown as they come; Stop commits and closes once transcribed."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    key = "browser-Key_3"
+    with serve(env={"ASR_SPEC_API_KEY": key}) as url:
+        driver = speaking_browser(tmp_path)
+        try:
+            driver.get(url.replace("ws://", "http://") + f"/?api_key={key}")
+            Select(driver.find_element(By.ID, "protocol")).select_by_value("realtime")
+            driver.find_element(By.ID, "toggle").click()
+            WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "state").text == "listening")
+            WebDriverWait(driver, 120, poll_frequency=0.2).until(
+                lambda d: "what you can do for your country" in d.find_element(By.ID, "final").text.lower()
+                or d.find_element(By.ID, "error").text)
+            assert driver.find_element(By.ID, "error").text == "", driver.find_element(By.ID, "error").text
+            driver.find_element(By.ID, "toggle").click()
+            WebDriverWait(driver, 60).until(lambda d: "OpenAI Realtime" in d.find_element(By.ID, "summary").text)
+            assert driver.find_element(By.ID, "state").text == "disconnected"
+            assert driver.find_element(By.ID, "error").text == ""
+        finally:
+            driver.quit()
 
 
 def test_the_page_shows_a_connection_failure(tmp_path):

@@ -1,12 +1,14 @@
-// AudioWorklet: microphone samples (at the AudioContext's rate) -> 16 kHz mono 16-bit PCM frames of ~100 ms,
-// posted to the page as ArrayBuffers. Linear interpolation keeps a fractional read position across blocks.
+// AudioWorklet: microphone samples (at the AudioContext's rate) -> mono 16-bit PCM frames of ~100 ms at
+// processorOptions.rate (16 kHz unless told: 24 kHz for the OpenAI Realtime protocol), posted to the page as
+// ArrayBuffers. Linear interpolation keeps a fractional read position across blocks.
 class PcmWorklet extends AudioWorkletProcessor {
-  constructor() {
+  constructor(options) {
     super();
-    this.step = sampleRate / 16000;  // input samples per output sample
+    const rate = (options && options.processorOptions && options.processorOptions.rate) || 16000;
+    this.step = sampleRate / rate;    // input samples per output sample
     this.pos = 0;                     // read position into `this.tail` + the new block
     this.tail = new Float32Array(0);  // the last input sample(s) of the previous block
-    this.out = new Int16Array(1600);
+    this.out = new Int16Array(rate / 10);
     this.fill = 0;
   }
   process(inputs) {
