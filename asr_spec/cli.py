@@ -86,9 +86,11 @@ def _model_args(p: argparse.ArgumentParser, device_flag: str = "--device", compu
 
 
 def _real_time_sessions(device: str | None) -> int:
-    """Sessions one engine keeps up with in real time. Measured on a 2-core CPU (fp32 encoder, base model,
-    `python eval/bench_streaming.py --skip-wer --sessions 1,4,8`): RTF 0.41 for 1 session, 1.02 for 4 -- about one
-    session per thread. CUDA: not measured here; batched decoding costs about the same for 16 rows as for 1."""
+    """The most simultaneous speakers one engine serves at real time with final latency <= 3 s, per CPU thread as
+    measured: serve's defaults (int8, AlignAtt, step 1 s) on a 2-core AMD EPYC, 2 threads,
+    `python eval/bench_streaming.py --skip-wer --sessions 1,2,4,8`: 2 sessions (final latency median 1.5 s, RTF
+    0.74); 4 sessions 3.3 s at RTF 1.06 -- one session per thread. CUDA: not measured here (no GPU was lent);
+    batched decoding costs about the same for 16 rows as for 1."""
     import torch
 
     if (device or "").startswith("cuda"):
@@ -477,7 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--port", type=int, default=8765)
     v.add_argument("--max-sessions", type=int, default=0,
                    help="more simultaneous sessions are refused (default: what the device serves in real time: "
-                   "one per CPU thread, 16 on CUDA)")
+                   "one per CPU thread on a CPU as measured with final latency <= 3 s, 16 on CUDA)")
     v.add_argument("--max-sessions-per-client", type=int, default=0,
                    help="sessions one client may hold, per address and per key (default: half of --max-sessions)")
     v.add_argument("--api-key-file", help="require one of the bearer tokens in this file (one per line; several "

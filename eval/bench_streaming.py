@@ -320,6 +320,8 @@ def parse_args() -> argparse.Namespace:
                     help=f"as serve's --commit-policy (default {policy}, serve's)")
     ap.add_argument("--limit", type=int, default=0, help="dev utterances for the WER part (0 = all)")
     ap.add_argument("--skip-wer", action="store_true")
+    ap.add_argument("--compare-hints", action="store_true",
+                    help="stream the long-form talk again without draft hints, to show what the hints save")
     ap.add_argument("--encoder-windows", default="audio,full",
                     help="streamed WER with the encoder on the buffer's audio (the default) and on padded 30 s windows")
     ap.add_argument("--threads", type=int, default=2)
@@ -338,7 +340,7 @@ def wer_part(tr: Transcriber, items: list[dict], args: argparse.Namespace) -> di
         results["wer_dev" + tag] = streaming_wer(tr, dev, DEV, args.step, args.policy, config=config)
         print("dev", win, results["wer_dev" + tag], flush=True)
         results["wer_longform" + tag] = streaming_wer(tr, long_items, DEV / "longform", args.step, args.policy,
-                                                      compare_hints=win == "audio", config=config)
+                                                      compare_hints=args.compare_hints and win == "audio", config=config)
         print("long-form", win, results["wer_longform" + tag], flush=True)
     return results
 
