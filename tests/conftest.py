@@ -34,6 +34,15 @@ def base_model():
 
 
 @pytest.fixture(scope="session")
+def base_transcriber(base_model):
+    """The embedded whisper-base with its shipped draft, as `asr_spec serve` pairs them."""
+    from asr_spec.models.loader import default_draft, load_draft
+    from asr_spec.transcribe import Transcriber
+
+    return Transcriber(base_model, load_draft(default_draft("whisper-base"), base_model))
+
+
+@pytest.fixture(scope="session")
 def dev_manifest() -> list[dict]:
     f = DEV / "manifest.jsonl"
     if not f.exists():

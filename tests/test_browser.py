@@ -40,6 +40,17 @@ def speaking_browser(tmp_path):
     return webdriver.Chrome(service=Service(driver_path), options=options)
 
 
+def stop_and_check(driver, summary: str) -> None:
+    """Stop: the page finishes (its summary says ``summary``) with no error shown and the button back at Start."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.find_element(By.ID, "toggle").click()
+    WebDriverWait(driver, 60).until(lambda d: summary in d.find_element(By.ID, "summary").text)
+    assert driver.find_element(By.ID, "error").text == ""
+    assert driver.find_element(By.ID, "toggle").text == "Start"
+
+
 def test_the_page_streams_the_microphone_and_shows_the_words(tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -58,10 +69,7 @@ def test_the_page_streams_the_microphone_and_shows_the_words(tmp_path):
             assert any(seen_partial), "no partial text was shown while speaking"
             SCREENSHOT.parent.mkdir(exist_ok=True)
             driver.save_screenshot(str(SCREENSHOT))
-            driver.find_element(By.ID, "toggle").click()
-            WebDriverWait(driver, 60).until(lambda d: "tokens" in d.find_element(By.ID, "summary").text)
-            assert driver.find_element(By.ID, "error").text == ""
-            assert driver.find_element(By.ID, "toggle").text == "Start"
+            stop_and_check(driver, "tokens")
         finally:
             driver.quit()
     assert SCREENSHOT.stat().st_size > 10_000
@@ -86,10 +94,8 @@ def test_the_page_speaks_the_openai_realtime_protocol_too(tmp_path):
                 lambda d: "what you can do for your country" in d.find_element(By.ID, "final").text.lower()
                 or d.find_element(By.ID, "error").text)
             assert driver.find_element(By.ID, "error").text == "", driver.find_element(By.ID, "error").text
-            driver.find_element(By.ID, "toggle").click()
-            WebDriverWait(driver, 60).until(lambda d: "OpenAI Realtime" in d.find_element(By.ID, "summary").text)
+            stop_and_check(driver, "OpenAI Realtime")
             assert driver.find_element(By.ID, "state").text == "disconnected"
-            assert driver.find_element(By.ID, "error").text == ""
         finally:
             driver.quit()
 

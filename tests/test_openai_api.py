@@ -2,19 +2,17 @@
 server on loopback (the embedded whisper-base and its draft), and by raw HTTP for what the client never sends."""
 from __future__ import annotations
 
-import asyncio
 import http.client
 import json
 import threading
-from contextlib import contextmanager
 
 import openai
 import pytest
 from conftest import DEV
+from server_proc import in_process
 
 from asr_spec.audio import load_audio
 from asr_spec.models.loader import default_draft, load_draft
-from asr_spec.server.app import Server
 from asr_spec.server.config import ServerConfig
 from asr_spec.server.files import FileWorker
 from asr_spec.streaming.engine import Engine
@@ -31,18 +29,8 @@ def transcriber(base_model):
     return Transcriber(base_model, load_draft(default_draft("whisper-base"), base_model))
 
 
-@contextmanager
 def running(transcriber, **config):
-    server = Server(Engine(transcriber), ServerConfig(port=0, **config), FileWorker(transcriber, batch_size=4))
-    ready = threading.Event()
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve_forever(ready)), daemon=True)
-    thread.start()
-    assert ready.wait(30), "server did not start"
-    try:
-        yield server
-    finally:
-        server.stop()
-        thread.join(10)
+    return in_process(Engine(transcriber), ServerConfig(port=0, **config), FileWorker(transcriber, batch_size=4))
 
 
 @pytest.fixture(scope="module")

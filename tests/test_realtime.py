@@ -8,25 +8,22 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import threading
 import time
-from contextlib import contextmanager
 
 import jiwer
 import numpy as np
 import pytest
 import soxr
 from conftest import DEV
+from server_proc import in_process
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from asr_spec.audio import load_audio
-from asr_spec.models.loader import default_draft, load_draft
-from asr_spec.server.app import Server
 from asr_spec.server.config import ServerConfig
 from asr_spec.streaming.engine import Engine
-from asr_spec.transcribe import TranscribeOptions, Transcriber
+from asr_spec.transcribe import TranscribeOptions
 
 pytestmark = pytest.mark.slow  # a real server, browser, subprocess or real weights
 
@@ -40,29 +37,11 @@ normalize = EnglishTextNormalizer()
 
 
 @pytest.fixture(scope="module")
-def transcriber(base_model):
-    return Transcriber(base_model, load_draft(default_draft("whisper-base"), base_model))
-
-
-@contextmanager
-def running(transcriber, **config):
-    server = Server(Engine(transcriber), ServerConfig(port=0, api_keys=(KEY,), **config))
-    ready = threading.Event()
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve_forever(ready)), daemon=True)
-    thread.start()
-    assert ready.wait(30), "the server did not start within 30 s"
-    try:
-        yield server
-    finally:
-        server.stop()
-        thread.join(15)
-        assert not thread.is_alive(), "the server did not stop within 15 s"
-
-
-@pytest.fixture(scope="module")
-def server(transcriber):
+def server(base_transcriber):
     # frames as large as one append event may be: the native protocol gets a whole utterance in one frame too
-    with running(transcriber, max_sessions=6, max_sessions_per_client=6, max_frame_bytes=4 * 1024 * 1024) as s:
+    config = ServerConfig(port=0, api_keys=(KEY,), max_sessions=6, max_sessions_per_client=6,
+                          max_frame_bytes=4 * 1024 * 1024)
+    with in_process(Engine(base_transcriber), config) as s:
         yield s
 
 
@@ -144,7 +123,7 @@ def check_turns(seen: list[dict], vad: bool) -> list[str]:
     return [by_item[e["item_id"]]["completed"] for e in committed]
 
 
-def test_deltas_arrive_while_audio_is_sent_and_add_up_to_each_turn(server, transcriber):
+def test_deltas_arrive_while_audio_is_sent_and_add_up_to_each_turn(server, base_transcriber):
     audio = load_audio(JFK)
     data = pcm24(audio)
     chunk = 4800  # 100 ms of 24 kHz pcm16
@@ -185,7 +164,7 @@ def test_deltas_arrive_while_audio_is_sent_and_add_up_to_each_turn(server, trans
     assert first_delta < sent["speech"] - 1.0, (first_delta, sent, arrivals)
     texts = check_turns(seen, vad=True)
     said = " ".join(t for t in texts if t)
-    offline = transcriber.transcribe(load_audio(JFK), TranscribeOptions(language="en")).text
+    offline = base_transcriber.transcribe(load_audio(JFK), TranscribeOptions(language="en")).text
     print(f"offline:  {offline}\nrealtime: {said}")
     assert jiwer.wer(normalize(offline), normalize(said)) < 0.3
 

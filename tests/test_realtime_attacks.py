@@ -7,7 +7,6 @@ A real server on loopback with the tiny random model (the text is noise; the eve
 has a deadline and every failure says what it saw."""
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
@@ -21,7 +20,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from asr_spec.server.app import Server
+from server_proc import in_process, recv
+
 from asr_spec.server.config import ServerConfig, redact
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import Transcriber
@@ -33,41 +33,19 @@ UPDATE = {"type": "session.update", "session": {"type": "transcription", "audio"
     "format": {"type": "audio/pcm", "rate": 24000}, "transcription": {"language": "en"}, "turn_detection": None}}}}
 
 
-@contextmanager
-def running(tiny_target, **config):
-    srv = Server(Engine(Transcriber(tiny_target)), ServerConfig(port=0, api_keys=(KEY,), **config))
-    ready = threading.Event()
-    thread = threading.Thread(target=lambda: asyncio.run(srv.serve_forever(ready)), daemon=True)
-    thread.start()
-    assert ready.wait(60), "the server did not start within 60 s"
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        thread.join(15)
-        assert not thread.is_alive(), "the server did not stop within 15 s of stop()"
+def tiny_server(tiny_target, **config):
+    return in_process(Engine(Transcriber(tiny_target)), ServerConfig(port=0, api_keys=(KEY,), **config))
 
 
 @pytest.fixture(scope="module")
 def server(tiny_target):
-    with running(tiny_target, max_sessions=8, max_sessions_per_client=8, start_timeout_s=3) as srv:
+    with tiny_server(tiny_target, max_sessions=8, max_sessions_per_client=8, start_timeout_s=3) as srv:
         yield srv
 
 
 def open_session(port: int, **kw):
     return connect(f"ws://127.0.0.1:{port}/v1/realtime?intent=transcription", open_timeout=10, close_timeout=5,
                    additional_headers={"Authorization": f"Bearer {KEY}"}, max_size=None, **kw)
-
-
-def recv(ws, seen: list, timeout: float = 10.0) -> dict:
-    try:
-        event = json.loads(ws.recv(timeout=timeout))
-    except TimeoutError:
-        pytest.fail(f"no event within {timeout} s; events so far: {[e['type'] for e in seen]}")
-    except ConnectionClosed as e:
-        pytest.fail(f"connection closed ({e.rcvd}) while waiting for an event; events so far: {seen[-5:]}")
-    seen.append(event)
-    return event
 
 
 def until(ws, seen: list, kind: str, timeout: float = 30.0) -> dict:
@@ -136,7 +114,7 @@ def bystander(port: int):
         assert not failures, f"the bystander's sending failed: {failures}"
         ws.send(json.dumps({"type": "input_audio_buffer.commit", "event_id": "bystander"}))
         committed = until(ws, seen, "input_audio_buffer.committed", 30)
-        while (done := until(ws, seen, "conversation.item.input_audio_transcription.completed", 60))["item_id"] != \
+        while until(ws, seen, "conversation.item.input_audio_transcription.completed", 60)["item_id"] != \
                 committed["item_id"]:
             pass
         errors = [e for e in seen if e["type"] == "error"]
@@ -228,7 +206,7 @@ def test_a_flood_then_a_vanished_peer_leaves_the_server_serving(server):
 
 
 def test_slot_holders_are_closed_and_a_full_server_says_so(tiny_target, caplog):
-    with running(tiny_target, max_sessions=2, max_sessions_per_client=2, start_timeout_s=1) as srv:
+    with tiny_server(tiny_target, max_sessions=2, max_sessions_per_client=2, start_timeout_s=1) as srv:
         seen: list = []
         with open_session(srv.port) as ws:  # never configures its session
             recv(ws, seen)

@@ -23,7 +23,7 @@ import time
 import numpy as np
 import pytest
 from conftest import default_sigint
-from server_proc import free_port, wait_serving
+from server_proc import free_port, recv, wait_serving
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -59,17 +59,6 @@ def session(port: int, query: str = ""):
     headers = {} if query else AUTH
     return connect(f"ws://127.0.0.1:{port}/{query}", additional_headers=headers, open_timeout=10, close_timeout=5,
                    max_size=2 ** 24)
-
-
-def recv(ws, seen: list, timeout: float = 10.0) -> dict:
-    try:
-        event = json.loads(ws.recv(timeout=timeout))
-    except TimeoutError:
-        pytest.fail(f"no event within {timeout} s; events so far: {seen}")
-    except ConnectionClosed as e:
-        pytest.fail(f"connection closed ({e.rcvd}) while waiting for an event; events so far: {seen}")
-    seen.append(event)
-    return event
 
 
 def expect(ws, seen: list, sent, code: str) -> dict:

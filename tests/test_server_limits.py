@@ -6,7 +6,6 @@ the command line; and the layout: the server and clients install under ``asr_spe
 Real servers on loopback with the tiny random model; every wait has a deadline."""
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import http.client
 import io
@@ -15,7 +14,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+from server_proc import in_process
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from asr_spec.server.app import Server
 from asr_spec.server.config import KEY_ENV, ServerConfig, api_keys
 from asr_spec.server.files import FileWorker
 from asr_spec.streaming.engine import Engine
@@ -35,20 +33,9 @@ from asr_spec.transcribe import Transcriber
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@contextmanager
 def running(tiny_target, **config):
     tr = Transcriber(tiny_target)
-    srv = Server(Engine(tr), ServerConfig(port=0, **config), FileWorker(tr))
-    ready = threading.Event()
-    thread = threading.Thread(target=lambda: asyncio.run(srv.serve_forever(ready)), daemon=True)
-    thread.start()
-    assert ready.wait(60), "the server did not start within 60 s"
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        thread.join(20)
-        assert not thread.is_alive(), "the server did not stop within 20 s of stop()"
+    return in_process(Engine(tr), ServerConfig(port=0, **config), FileWorker(tr))
 
 
 def upload(port: int, parts: list[tuple[str, str | None, bytes]], timeout: float = 60) -> tuple[int, dict, dict]:
