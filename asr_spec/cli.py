@@ -118,7 +118,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     target, draft = models
-    engine = Engine(Recognizer(target, draft), EngineConfig(max_batch=args.max_batch))
+    engine = Engine(Recognizer(target, draft), EngineConfig(max_batch=args.max_batch, max_step_s=args.max_step))
     # uploads run at the server's compute type (one model in memory)
     files = FileWorker(Transcriber(target, draft), batch_size=args.file_batch,
                        max_yield_s=args.upload_yield)
@@ -491,9 +491,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-upload-seconds", type=float, default=3600.0,
                    help="longest audio accepted by /v1/audio/* (checked from the file's header; 413 beyond)")
     v.add_argument("--step", type=float, default=1.0, help="re-decode a stream after this many seconds of new audio")
+    v.add_argument("--max-step", type=float, default=0.0,
+                   help="let the step grow with the load up to this many seconds (the engine's recent step time / "
+                   "0.7); default 0: a fixed step")
     v.add_argument("--commit-policy", choices=POLICIES, default=POLICIES[0],
-                   help="what a re-decode commits: alignatt (words the audio already supports, after one decode; "
-                   "default) or local-agreement (what two decodes in a row agree on); a session may choose")
+                   help="what a re-decode commits: local-agreement (what two decodes in a row agree on; default) or "
+                   "alignatt (words the audio already supports, after one decode: 2-3x lower latency, worse WER)")
     v.add_argument("--max-batch", type=int, default=8, help="most streams decoded in one batch")
     v.add_argument("--file-batch", type=int, default=4,
                    help="uploads to /v1/audio/* decoded together (same options, waiting at the same time)")

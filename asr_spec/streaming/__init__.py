@@ -1,3 +1,3 @@
 """Streaming transcription: a growing buffer re-decoded as audio arrives (see stream.py, engine.py)."""
 
-POLICIES = ("alignatt", "local-agreement")  # what a re-decode commits (stream.py); the first is the default
+POLICIES = ("local-agreement", "alignatt")  # what a re-decode commits (stream.py); the first is the default

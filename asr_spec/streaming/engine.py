@@ -43,7 +43,7 @@ class EngineConfig:
     # the step grows with the load: a stream is due once it has this many times the engine's recent step time of
     # new audio (so that decoding takes about this share of the time), between its own step_s and max_step_s
     target_busy: float = 0.7
-    max_step_s: float = 3.0
+    max_step_s: float = 0.0  # 0: off, every stream re-decodes after its own step (serve --max-step)
 
 
 class Engine:
