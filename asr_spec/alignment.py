@@ -81,7 +81,7 @@ def _median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
         return x
     pad = width // 2
     padded = F.pad(x, (pad, pad), mode="reflect")  # x: [heads, tokens, frames]
-    return padded.unfold(-1, width, 1).median(-1).values
+    return padded.unfold(-1, width, 1).sort(-1).values[..., width // 2]  # the median, faster than median()
 
 
 def _split_words(model: Whisper, tokens: list[int], language: str | None) -> list[tuple[str, list[int]]]:
@@ -130,35 +130,89 @@ def _merge_punctuation(words: list[Word]) -> None:
             i = j
 
 
+@dataclass(frozen=True)
+class Alignment:
+    """What :func:`align_many` aligns for one window: its encoder output [1, S, D] (or, in ``cross``, the target's
+    cross-attention keys and values of it, which a decode may have kept), its audio in mel frames, and the text
+    tokens of its segments (others, such as timestamps, are skipped)."""
+    memory: torch.Tensor
+    frames: int
+    language: str | None
+    task: str
+    segments: list[list[int]]
+    cross: CrossKV | None = None
+    scored: int = 0  # the words of segments before this one get no probability (0.0): their output layer is skipped
+
+
 @torch.inference_mode()
 def align(model: Whisper, memory: torch.Tensor, frames: int, language: str | None, task: str,
-          segments: list[list[int]], cross: CrossKV | None = None) -> list[list[Word]]:
+          segments: list[list[int]], cross: CrossKV | None = None, scored: int = 0) -> list[list[Word]]:
     """Words with times (seconds from the window's start) for each segment's tokens of one window.
     ``memory``: the window's encoder output [1, S, D]; ``frames``: the window's audio in mel frames; ``cross``:
-    the target's cross-attention keys and values of ``memory`` if the decode kept them (saves computing them)."""
+    the target's cross-attention keys and values of ``memory`` if the decode kept them (saves computing them);
+    ``scored``: the first segment whose words get probabilities (see :class:`Alignment`)."""
+    return align_many(model, [Alignment(memory, frames, language, task, segments, cross, scored)])[0]
+
+
+@torch.inference_mode()
+def align_many(model: Whisper, windows: list[Alignment]) -> list[list[list[Word]]]:
+    """:func:`align` for several windows, their text read in one forward pass of the target decoder (rows padded
+    with end-of-text after their own tokens, each attending to its own encoder positions)."""
     v = model.vocab
-    per_segment = [[t for t in seg if t < v.eot] for seg in segments]
-    text = [t for seg in per_segment for t in seg]
-    if not text:
-        return [[] for _ in segments]
-    prefix = [*v.sot_sequence(language if v.multilingual else None, task), v.no_timestamps]
-    tokens = torch.tensor([prefix + text + [v.eot]], device=memory.device)
+    out: list[list[list[Word]]] = [[[] for _ in w.segments] for w in windows]
+    texts = [[t for seg in w.segments for t in seg if t < v.eot] for w in windows]
+    rows = [i for i, text in enumerate(texts) if text]
+    if not rows:
+        return out
+    prefixes = [[*v.sot_sequence(windows[i].language if v.multilingual else None, windows[i].task), v.no_timestamps]
+                for i in rows]
+    seqs = [p + texts[i] + [v.eot] for p, i in zip(prefixes, rows)]
+    width = max(map(len, seqs))
     dec = model.decoder
+    device = windows[rows[0]].memory.device
+    tokens = torch.tensor([s + [v.eot] * (width - len(s)) for s in seqs], device=device)
+    lengths = [windows[i].memory.shape[1] for i in rows]
+    longest = max(lengths)
+    memory = torch.cat([F.pad(windows[i].memory, (0, 0, 0, longest - windows[i].memory.shape[1])) for i in rows])
+    cross = None
+    if all(windows[i].cross is not None for i in rows):  # the decodes' own keys and values, padded alike
+        pad = lambda ts: torch.cat([F.pad(t, (0, 0, 0, longest - t.shape[2])) for t in ts])  # noqa: E731
+        cross = ([pad([windows[i].cross[0][layer] for i in rows]) for layer in range(len(dec.layers))],
+                 [pad([windows[i].cross[1][layer] for i in rows]) for layer in range(len(dec.layers))])
     heads = alignment_heads(model)
     scores: dict[int, torch.Tensor | None] = {layer: None for layer, _ in heads}
-    cache = dec.new_cache(memory, tokens.shape[1], cross=cross)
-    logits = dec(cache, tokens, torch.arange(tokens.shape[1], device=memory.device)[None], cross_scores=scores)[0]
-    probs = logits[len(prefix) - 1:len(prefix) - 1 + len(text), :v.eot].float().softmax(-1)
-    token_probs = probs[torch.arange(len(text)), torch.tensor(text)].cpu().numpy()
-    n_frames = max(1, min(frames // 2, memory.shape[1]))
-    w = torch.stack([scores[layer][0, head, :, :n_frames] for layer, head in heads]).float().softmax(-1)
-    std, mean = torch.std_mean(w, dim=-2, keepdim=True, unbiased=False)
-    w = _median_filter((w - mean) / std.clamp(min=1e-10), MEDIAN_WIDTH)
-    matrix = w.mean(0)[len(prefix) - 1:-1]  # rows: the no-timestamps token's successors, i.e. text tokens + eot
+    cache = dec.new_cache(memory, width, lengths if min(lengths) < longest else None, cross=cross)
+    positions = torch.arange(width, device=device)[None].expand(len(rows), width)
+    # the output layer reads only the positions that predict scored text tokens (the rest of a row repeats its last)
+    unscored = [sum(t < v.eot for seg in windows[i].segments[:windows[i].scored] for t in seg) for i in rows]
+    scored = [len(texts[i]) - u for i, u in zip(rows, unscored)]
+    at = [[len(p) - 1 + u + j for j in range(max(n, 1))] for p, u, n in zip(prefixes, unscored, scored)]
+    most = max(map(len, at))
+    at = torch.tensor([a + a[-1:] * (most - len(a)) for a in at], device=device)
+    logits = dec(cache, tokens, positions, at, cross_scores=scores)
+    for b, (i, prefix, text) in enumerate(zip(rows, prefixes, [texts[i] for i in rows])):
+        w = windows[i]
+        probs = logits[b, :scored[b], :v.eot].float().softmax(-1)
+        token_probs = np.concatenate([np.zeros(unscored[b]), probs[torch.arange(scored[b]),
+                                                                    torch.tensor(text[unscored[b]:], dtype=torch.long)].cpu().numpy()])
+        n_frames = max(1, min(w.frames // 2, lengths[b]))
+        n = len(prefix) + len(text) + 1
+        att = torch.stack([scores[layer][b, head, :n, :n_frames] for layer, head in heads]).float().softmax(-1)
+        out[i] = _words(model, w, att, len(prefix) - 1, text, token_probs)
+    return out
+
+
+def _words(model: Whisper, w: Alignment, att: torch.Tensor, at: int, text: list[int],
+           token_probs: np.ndarray) -> list[list[Word]]:
+    """Whisper's word timing from the alignment heads' attention ``att`` [heads, tokens, frames] of one window
+    (its text tokens start after position ``at``), grouped by ``w``'s segments."""
+    std, mean = torch.std_mean(att, dim=-2, keepdim=True, unbiased=False)
+    att = _median_filter((att - mean) / std.clamp(min=1e-10), MEDIAN_WIDTH)
+    matrix = att.mean(0)[at:-1]  # rows: the no-timestamps token's successors, i.e. text tokens + eot
     rows, cols = dtw(-matrix.cpu().double().numpy())
     jumps = np.diff(rows, prepend=-1).astype(bool)
     times = cols[jumps] / FRAMES_PER_SECOND  # the frame where each token's row begins
-    split = _split_words(model, text, language)
+    split = _split_words(model, text, w.language)
     bounds = np.concatenate(([0], np.cumsum([len(toks) for _, toks in split])))
     words = [Word(text_, float(times[a]), float(times[b]) if b < len(times) else float(times[-1]),
                   float(token_probs[a:b].mean()), b - a)
@@ -167,7 +221,7 @@ def align(model: Whisper, memory: torch.Tensor, frames: int, language: str | Non
     _merge_punctuation(words)
     out: list[list[Word]] = []
     k = 0
-    for seg in per_segment:
+    for seg in ([t for t in seg if t < model.vocab.eot] for seg in w.segments):
         taken, mine = 0, []
         while k < len(words) and taken < len(seg):
             taken += words[k].tokens

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .models.compute import COMPUTE_TYPES
-from .streaming import POLICIES
+from .streaming import MAX_STEP_S, POLICIES, STEP_S
 
 DEFAULT_DRAFT = "auto"  # the draft shipped for the target (asr_spec/drafts/), else none
 SAMPLE = Path(__file__).parent / "samples" / "jfk.flac"
@@ -85,17 +85,30 @@ def _model_args(p: argparse.ArgumentParser, device_flag: str = "--device", compu
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice; with --ray: per worker, default 1)")
 
 
-def _real_time_sessions(device: str | None) -> int:
-    """The most simultaneous speakers one engine serves at real time with final latency <= 3 s, per CPU thread as
-    measured: serve's defaults (int8, AlignAtt, step 1 s) on a 2-core AMD EPYC, 2 threads,
-    `python eval/bench_streaming.py --skip-wer --sessions 1,2,4,8`: 2 sessions (final latency median 1.5 s, RTF
-    0.74); 4 sessions 3.3 s at RTF 1.06 -- one session per thread. CUDA: not measured here (no GPU was lent);
-    batched decoding costs about the same for 16 rows as for 1."""
+def _serve_threads(args: argparse.Namespace) -> int:
+    """serve's torch threads on a CPU: as asked, else one core fewer than the machine has (at least 1). The cores
+    left serve the event loop, the sockets and the clients; torch's threads wait for each other at every
+    operation, so one of them descheduled stalls them all (2-core Intel Xeon with AMX, 2026-11-25,
+    `python eval/bench_streaming.py --threads 1` vs `--threads 2`: RTF 0.48 vs 0.56 with 1 session, 0.90 vs 0.94
+    with 4; the same latency or better)."""
     import torch
+
+    if args.threads or (args.torch_device or "").startswith("cuda"):
+        return args.threads
+    return max(1, len(os.sched_getaffinity(0)) - 1) if hasattr(os, "sched_getaffinity") else torch.get_num_threads()
+
+
+def _real_time_sessions(device: str | None) -> int:
+    """The most simultaneous speakers one engine serves at real time with final latency median <= 3 s, as measured
+    with serve's defaults (`python eval/bench_streaming.py --skip-wer --sessions 1,4,8`; docs/results.md): on a
+    2-core Intel Xeon with AMX (bfloat16), 4 sessions (2026-11-25); on a 2-core AMD EPYC without AVX-512 (int8),
+    2 (2026-11-25, before joined batches and stopped loops). So: 2 per core with AMX, else 1 per core. CUDA: 16."""
+    from .models.compute import amx
 
     if (device or "").startswith("cuda"):
         return 16
-    return max(1, torch.get_num_threads())
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores * (2 if amx() else 1)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -114,6 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"error: --api-key-file: {e}", file=sys.stderr)
         return 1
+    args.threads = _serve_threads(args)
     if (models := _load_models(args)) is None:
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -478,8 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: localhost only)")
     v.add_argument("--port", type=int, default=8765)
     v.add_argument("--max-sessions", type=int, default=0,
-                   help="more simultaneous sessions are refused (default: what the device serves in real time: "
-                   "one per CPU thread on a CPU as measured with final latency <= 3 s, 16 on CUDA)")
+                   help="more simultaneous sessions are refused (default: what the device serves in real time with "
+                   "final latency <= 3 s, as measured: 2 per CPU core with AMX, else 1 per core; 16 on CUDA)")
     v.add_argument("--max-sessions-per-client", type=int, default=0,
                    help="sessions one client may hold, per address and per key (default: half of --max-sessions)")
     v.add_argument("--api-key-file", help="require one of the bearer tokens in this file (one per line; several "
@@ -490,13 +504,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on SIGTERM/SIGINT, decode what open sessions hold for up to this long before closing them")
     v.add_argument("--max-upload-seconds", type=float, default=3600.0,
                    help="longest audio accepted by /v1/audio/* (checked from the file's header; 413 beyond)")
-    v.add_argument("--step", type=float, default=1.0, help="re-decode a stream after this many seconds of new audio")
-    v.add_argument("--max-step", type=float, default=0.0,
+    v.add_argument("--step", type=float, default=STEP_S,
+                   help="re-decode a stream after this many seconds of new audio (default 0.5; longer under load, "
+                   "see --max-step)")
+    v.add_argument("--max-step", type=float, default=MAX_STEP_S,
                    help="let the step grow with the load up to this many seconds (the engine's recent step time / "
-                   "0.7); default 0: a fixed step")
+                   "0.7; default 3; 0: a fixed step)")
     v.add_argument("--commit-policy", choices=POLICIES, default=POLICIES[0],
-                   help="what a re-decode commits: local-agreement (what two decodes in a row agree on; default) or "
-                   "alignatt (words the audio already supports, after one decode: 2-3x lower latency, worse WER)")
+                   help="what a re-decode commits: alignatt (default: after one decode, the words the audio already "
+                   "supports and the model is sure of) or local-agreement (what two decodes in a row agree on: "
+                   "slower, and a worse WER at the same step)")
     v.add_argument("--max-batch", type=int, default=8, help="most streams decoded in one batch")
     v.add_argument("--file-batch", type=int, default=4,
                    help="uploads to /v1/audio/* decoded together (same options, waiting at the same time)")

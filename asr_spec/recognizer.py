@@ -117,9 +117,16 @@ class Recognizer:
         """Whether a decode of a window encoded at its audio's length (``positions`` encoder positions) looks
         like the decoder ran on without silence to end on: a timestamp past the audio it heard, or a phrase of
         4 or more tokens repeated at once. Such a window is decoded again on Whisper's padded 30 s window."""
+        return self.looping(r.tokens, len(r.tokens), positions)
+
+    def looping(self, tokens: list[int], new: int, positions: int) -> bool:
+        """What ``suspect`` looks for, in the last ``new`` of ``tokens``: a timestamp past ``positions``, or a
+        repeated phrase that ends there. Checked as a decode goes (``Request.give_up``), it stops a row as soon
+        as its result is sure to be suspect."""
         tb = self.vocab.timestamp_begin
-        if any(t - tb > positions for t in r.tokens if t >= tb):
+        if any(t - tb > positions for t in tokens[len(tokens) - new:] if t >= tb):
             return True
-        text = [t for t in r.tokens if t < tb]
-        return any(text[i:i + n] == text[i + n:i + 2 * n]
-                   for n in range(4, len(text) // 2 + 1) for i in range(len(text) - 2 * n + 1))
+        text = [t for t in tokens if t < tb]
+        fresh = sum(t < tb for t in tokens[len(tokens) - new:])
+        return any(text[end - 2 * n:end - n] == text[end - n:end]
+                   for end in range(len(text) - fresh + 1, len(text) + 1) for n in range(4, end // 2 + 1))

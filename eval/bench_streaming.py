@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import difflib
 import json
+import multiprocessing
 import os
 import re
 import threading
@@ -246,8 +247,9 @@ def client(url: str, audio: np.ndarray, log: Log) -> None:
     stream_file(url, audio, 1.0, lambda e: log.append((time.monotonic() - t0, e)))
 
 
-def run_clients(url: str, audios: list[np.ndarray]) -> tuple[list[Log], float]:
-    """Every audio streamed by its own client at once: their event logs, and the wall time until the last closed."""
+def clients_here(url: str, audios: list[np.ndarray]) -> tuple[list[Log], float]:
+    """Every audio streamed by its own client thread at once: their event logs, and the wall time until the last
+    closed."""
     logs: list[Log] = [[] for _ in audios]
     threads = [threading.Thread(target=client, args=(url, a, log)) for a, log in zip(audios, logs)]
     t0 = time.monotonic()
@@ -258,9 +260,16 @@ def run_clients(url: str, audios: list[np.ndarray]) -> tuple[list[Log], float]:
     return logs, time.monotonic() - t0
 
 
-def serve_engine(target, draft, max_batch: int) -> Engine:
+def run_clients(url: str, audios: list[np.ndarray]) -> tuple[list[Log], float]:
+    """:func:`clients_here` in a process of their own, as real clients are: their Python work (pacing, framing,
+    reading events) does not share the server's interpreter lock, only the machine's cores."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(clients_here, (url, audios))
+
+
+def serve_engine(target, draft, max_batch: int, max_step: float) -> Engine:
     """The engine exactly as ``asr_spec serve`` builds it."""
-    return Engine(Recognizer(target, draft), EngineConfig(max_batch=max_batch))
+    return Engine(Recognizer(target, draft), EngineConfig(max_batch=max_batch, max_step_s=max_step))
 
 
 def capacity(tr: Transcriber, engine: Engine, items: list[dict], n: int, seconds: float, step: float,
@@ -315,6 +324,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--sessions", default="1,4,8", help="comma-separated session counts (empty: none)")
     ap.add_argument("--seconds", type=float, default=40.0, help="audio per session in the capacity runs")
     ap.add_argument("--step", type=float, default=SERVE.step, help=f"as serve's --step (default {SERVE.step}, serve's)")
+    ap.add_argument("--max-step", type=float, default=SERVE.max_step,
+                    help=f"as serve's --max-step (default {SERVE.max_step}, serve's)")
     policy = getattr(SERVE, "commit_policy", None)
     ap.add_argument("--policy", default=policy, choices=getattr(streaming, "POLICIES", None),
                     help=f"as serve's --commit-policy (default {policy}, serve's)")
@@ -384,7 +395,7 @@ def wer_lines(results: dict) -> list[str]:
 
 def report(results: dict, args: argparse.Namespace) -> str:
     lines = ["# Streaming benchmark", "", f"`python eval/bench_streaming.py` · serve's defaults unless told: "
-             f"step {args.step} s · policy {args.policy} · compute type {results['compute_type']} · "
+             f"step {args.step} s (up to {args.max_step} s under load) · policy {args.policy} · compute type {results['compute_type']} · "
              f"{args.threads} threads"]
     for part in (wer_lines(results), capacity_lines(results["capacity"]) if results["capacity"] else []):
         lines += ["", *part] if part else []
@@ -397,13 +408,15 @@ def main() -> None:
     target, draft = load(ModelOptions(compute_type=args.compute_type))  # serve's model and draft defaults
     tr = Transcriber(target, draft)
     items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
-    results: dict = {"provenance": provenance(args.threads), "step_s": args.step, "policy": args.policy,
+    results: dict = {"provenance": provenance(args.threads), "step_s": args.step, "max_step_s": args.max_step,
+                     "policy": args.policy,
                      "threads": args.threads, "compute_type": target.precision.name}
     if not args.skip_wer:
         results |= wer_part(tr, items, args)
     results["capacity"] = []
     for n in (int(x) for x in args.sessions.split(",") if x):
-        row = capacity(tr, serve_engine(target, draft, SERVE.max_batch), items, n, args.seconds, args.step, args.policy)
+        row = capacity(tr, serve_engine(target, draft, SERVE.max_batch, args.max_step), items, n, args.seconds,
+                       args.step, args.policy)
         print(row, flush=True)
         results["capacity"].append(row)
     results["largest_real_time_sessions"] = largest_real_time(results["capacity"])

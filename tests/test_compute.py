@@ -26,11 +26,12 @@ def _cpu(tmp_path, flags: str) -> str:
 
 @needs_int8
 def test_auto_and_int8_follow_the_cpu(tmp_path):
-    """auto = int8 on a CPU; int8's float is bfloat16 only where the CPU computes it natively (fake cpuinfo)."""
+    """auto = int8 on a CPU (bfloat16 with AMX); int8's float is bfloat16 only where the CPU computes it natively (fake cpuinfo)."""
     plain, bf16, amx = _cpu(tmp_path, ""), _cpu(tmp_path, "avx512f avx512_bf16"), _cpu(tmp_path, "amx_bf16 amx_tile")
     assert resolve_compute_type("auto", "cpu", plain).name == "int8_float32"
     assert resolve_compute_type("auto", "cpu", bf16).name == "int8_bfloat16"
     assert resolve_compute_type("int8", "cpu", amx).name == "int8_bfloat16"
+    assert resolve_compute_type("auto", "cpu", amx).name == "bfloat16"  # AMX: bf16 matrices beat int8 (README)
     assert resolve_compute_type("int8", "cpu", _cpu(tmp_path, "avx512f avx512bw")).name == "int8_float32"
     assert resolve_compute_type("int8", "cpu", str(tmp_path / "missing")).name == "int8_float32"
     p = resolve_compute_type("int8_bfloat16", "cpu", plain)  # asked for by name: runs (emulated), never chosen

@@ -48,6 +48,10 @@ class Request:
     # draft proposes and the target decides, so what the draft reads changes its speed, never the text
     draft_memory_length: int | None = None
     key: tuple[int, ...] = ()  # sampling: the row's noise key (the same key and seed give the same draws)
+    # (tokens so far, how many of them are new) -> True to stop the row early: its caller discards such a result
+    # (streaming and short windows: a decode that loops is decoded again on a padded window), so the tokens a loop
+    # would add until ``sample_len`` are not worth their passes
+    give_up: Callable[[list[int], int], bool] | None = None
 
 
 def acceptance(accepted: int, rejected: int) -> float | None:
@@ -162,10 +166,10 @@ class DecodingTask:
         while self.live:
             started = now() if self.costs is not None else 0.0
             costs = self.costs(len(self.live)) if self.costs is not None else None
-            drafts, noise, chosen = self.propose(costs)
+            drafts, noise, chosen, hinted = self.propose(costs)
             accepted, emitted, token_lp = self.verify(drafts, noise)
-            tokens = self.commit(drafts, accepted, emitted, token_lp, hinted=chosen is None)
-            if costs is not None and chosen is not None:
+            tokens = self.commit(drafts, accepted, emitted, token_lp, hinted, chosen or 0)
+            if costs is not None and chosen is not None and not any(hinted):
                 costs.record(chosen, tokens, now() - started)
         return [r for r in self.results if r is not None]
 
@@ -186,20 +190,33 @@ class DecodingTask:
         keys = [self.requests[r].key for r in self.live]
         return self.o.sampler.noise(keys, (self.n + step).tolist(), self.target.vocab_size, self.dev)
 
-    def propose(self, costs: CostModel | None) -> tuple[torch.Tensor, list[torch.Tensor | None], int | None]:
+    def propose(self, costs: CostModel | None
+                ) -> tuple[torch.Tensor, list[torch.Tensor | None], int | None, list[bool]]:
         """The pass's proposals [m, kk]: the rows' hints while every live row still follows its own, else up to
-        K draft tokens (as many as ``costs`` measures to pay most); the sampler's noise at each of the kk + 1
-        positions the target will choose; the draft length chosen (None: hints)."""
+        K draft tokens (as many as ``costs`` measures to pay most), the rows that still follow their hint proposing
+        its next tokens instead; the sampler's noise at each of the kk + 1 positions the target will choose; the
+        draft length chosen (None: hints only); which rows propose their hint."""
         rows = self.live
-        if all(self.following[r] and len(self.hints[r]) > self.generated[r] for r in rows):
+        hinted = [self.following[r] and len(self.hints[r]) > self.generated[r] for r in rows]
+        if all(hinted):
             width = min(HINT_K, max(len(self.hints[r]) - self.generated[r] for r in rows))
-            drafts = torch.tensor([(self.hints[r][self.generated[r]:self.generated[r] + width] + [self.o.eot] * width)
-                                   [:width] for r in rows], dtype=torch.long, device=self.dev)
-            return drafts, [self.noise(j) for j in range(width + 1)], None
+            return self._hinted(torch.empty(len(rows), width, dtype=torch.long, device=self.dev), hinted), \
+                [self.noise(j) for j in range(width + 1)], None, hinted
         want = self.k if costs is None else costs.choose(self.k)  # the draft length measured to pay most
         drafts, noise = self.draft_tokens(want) if want else (torch.empty(len(rows), 0, dtype=torch.long,
                                                                           device=self.dev), [])
-        return drafts, noise + [self.noise(drafts.shape[1])], want
+        if any(hinted):  # a row's own hint is a better guess than the draft's (streaming: the last hypothesis)
+            drafts = self._hinted(drafts, hinted)
+        return drafts, noise + [self.noise(drafts.shape[1])], want, hinted
+
+    def _hinted(self, drafts: torch.Tensor, hinted: list[bool]) -> torch.Tensor:
+        """``drafts`` [m, kk] with the ``hinted`` rows' next kk hint tokens in place (end-of-text after the hint)."""
+        kk, eot = drafts.shape[1], self.o.eot
+        for i, r in enumerate(self.live):
+            if hinted[i]:
+                g = self.generated[r]
+                drafts[i] = torch.tensor((self.hints[r][g:g + kk] + [eot] * kk)[:kk], device=self.dev)
+        return drafts
 
     def draft_tokens(self, k: int) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
         """Up to ``k`` draft tokens per live row [m, kk], chosen like the target chooses (same rules, same noise).
@@ -256,9 +273,10 @@ class DecodingTask:
         return accepted.tolist(), emitted.tolist(), token_lp.tolist()
 
     def commit(self, drafts: torch.Tensor, accepted: list[int], emitted: list[list[int]],
-               token_lp: list[list[float]], hinted: bool) -> float:
+               token_lp: list[list[float]], hinted: list[bool], drafted: int) -> float:
         """Append each row's accepted tokens (cut at end-of-text and at its room), keep the statistics, retire
-        finished rows. Returns the tokens emitted per row."""
+        finished rows. ``hinted``: the rows that proposed their hint; ``drafted``: tokens the draft proposed this
+        pass (its cache holds the rows' tokens up to their start). Returns the tokens emitted per row."""
         kk, eot = drafts.shape[1], self.o.eot
         done, total = [], 0
         for i, r in enumerate(self.live):
@@ -270,8 +288,10 @@ class DecodingTask:
             st = self.stats[r]
             st.target_passes += 1
             judged = min(a, len(new))
-            if hinted:
+            if hinted[i]:
                 st.hint_accepted += judged
+                if drafted:  # the draft caught up to the row's start; its proposals after it were not used
+                    self.dn[i] = self.n[i]
             else:
                 st.drafted += kk
                 st.accepted += judged
@@ -288,7 +308,8 @@ class DecodingTask:
             self.sampled[r].extend(new)
             self.generated[r] += len(new)
             total += len(new)
-            if ended or len(new) >= left:
+            if ended or len(new) >= left or (self.requests[r].give_up is not None
+                                             and self.requests[r].give_up(self.sampled[r], len(new))):
                 done.append((i, ended))
         m = len(self.live)
         self.finish(done)

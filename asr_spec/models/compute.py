@@ -47,6 +47,11 @@ def native_bfloat16(device: str | torch.device = "cpu", cpuinfo: str = CPUINFO) 
     return device.type == "cpu" and bool({"avx512_bf16", "amx_bf16"} & cpu_flags(cpuinfo))
 
 
+def amx(device: str | torch.device = "cpu", cpuinfo: str = CPUINFO) -> bool:
+    """Whether ``device`` is a CPU with AMX tiles for bfloat16 (Intel Xeon since Sapphire Rapids)."""
+    return torch.device(device).type == "cpu" and "amx_bf16" in cpu_flags(cpuinfo)
+
+
 def int8_kernels(device: str | torch.device = "cpu") -> bool:
     """Whether int8 linear layers have kernels on ``device``: the CPU's fbgemm/x86 quantized engine, or CUDA's
     ``torch._int_mm``."""
@@ -73,13 +78,16 @@ def _best_float(device: str | torch.device, cpuinfo: str) -> str:
 def resolve_compute_type(name: str, device: str | torch.device = "cpu", cpuinfo: str = CPUINFO) -> Precision:
     """The concrete type for ``name`` on ``device``. ``int8``: int8 weights with the best float the device computes
     natively (float16 on CUDA, bfloat16 on CPUs with AVX512-BF16 or AMX, else float32). ``auto``: the fastest type
-    the device computes natively: float16 on CUDA, ``int8`` on a CPU with int8 kernels (README "Compute types":
-    measured faster than float32 and bfloat16 in the decode loop), else float32. A type the device cannot run is
-    refused, naming the types it can."""
+    the device computes natively: float16 on CUDA; bfloat16 on a CPU with AMX (its encoder 2.3x faster than int8's,
+    its decoder steps as fast: eval/bench_steps.py, README "Compute types"); ``int8`` on other CPUs with int8
+    kernels (measured faster than float32 and bfloat16 in the decode loop); else float32. A type the device cannot
+    run is refused, naming the types it can."""
     if name not in COMPUTE_TYPES:
         raise ComputeTypeError(f"unknown compute type {name!r}; choose from {', '.join(COMPUTE_TYPES)}")
     if name == "auto":
-        name = "float16" if torch.device(device).type == "cuda" else "int8" if int8_kernels(device) else "float32"
+        cuda = torch.device(device).type == "cuda"
+        name = "float16" if cuda else "bfloat16" if amx(device, cpuinfo) else "int8" if int8_kernels(device) \
+            else "float32"
     if name == "int8":
         name = f"int8_{_best_float(device, cpuinfo)}"
     if name not in runnable(device):

@@ -1,3 +1,5 @@
 """Streaming transcription: a growing buffer re-decoded as audio arrives (see stream.py, engine.py)."""
 
-POLICIES = ("local-agreement", "alignatt")  # what a re-decode commits (stream.py); the first is the default
+POLICIES = ("alignatt", "local-agreement")  # what a re-decode commits (stream.py); the first is the default
+STEP_S = 0.5  # a stream is re-decoded after this much new audio ...
+MAX_STEP_S = 3.0  # ... or, under load, up to this much (engine.py)

@@ -19,10 +19,12 @@ from functools import partial
 
 import torch
 
-from ..alignment import align
+from ..alignment import Alignment, Word, align, align_many
 from ..decoding.speculative import SAMPLE_LEN
+from ..models.kv_decoder import CrossKV
 from ..features import HOP, N_FRAMES, SAMPLE_RATE, encoder_frames, log_mel, window
 from ..recognizer import DRAFT_STOP, K, Checks, Recognizer, pad_memories
+from . import MAX_STEP_S
 from .stream import Event, Request, Stream, StreamConfig
 
 log = logging.getLogger(__name__)
@@ -43,7 +45,11 @@ class EngineConfig:
     # the step grows with the load: a stream is due once it has this many times the engine's recent step time of
     # new audio (so that decoding takes about this share of the time), between its own step_s and max_step_s
     target_busy: float = 0.7
-    max_step_s: float = 0.0  # 0: off, every stream re-decodes after its own step (serve --max-step)
+    max_step_s: float = MAX_STEP_S  # 0: off, every stream re-decodes after its own step (serve --max-step)
+    # a batch that decodes anyway takes along the streams with at least this share of their step of new audio: a row
+    # added to a batch costs far less than a batch of its own later (the passes are shared), and the streams fall
+    # into step with each other, so that later batches are full too (1: only streams that are due)
+    join_share: float = 0.5
 
 
 class Engine:
@@ -138,7 +144,13 @@ class Engine:
                 elif kind:
                     due.append((kind == "partial", s.waiting_since or 0.0, sid, s, kind))
             due.sort(key=lambda d: d[:2])
-            batch = [(sid, s, s.request(kind)) for _, _, sid, s, kind in due[: self.config.max_batch]]
+            due = due[: self.config.max_batch]
+            if due and len(due) < self.config.max_batch:  # streams nearly due join the batch
+                chosen = {d[2] for d in due}
+                near = [(True, s.waiting_since or 0.0, sid, s, "partial") for sid, s in self._streams.items()
+                        if sid not in chosen and s.due(self.load_step_s, self.config.join_share) == "partial"]
+                due += sorted(near, key=lambda d: d[:2])[: self.config.max_batch - len(due)]
+            batch = [(sid, s, s.request(kind)) for _, _, sid, s, kind in due]
         if not batch:
             self.busy_s += time.perf_counter() - t0
             return events
@@ -155,26 +167,49 @@ class Engine:
                                    "audio after the last final was not transcribed", stream.start, stream.start)
                     events[sid] = events.get(sid, []) + [failed]
                 else:
-                    *result, memory = outcome
+                    *result, memory, aligned = outcome
                     aligns = stream.config.word_timestamps or stream.config.policy == "alignatt"
-                    aligner = partial(self._align, req, memory, result[1] or stream.language) if aligns else None
+                    aligner = partial(self._align, req, memory, result[1] or stream.language, result[0].cross,
+                                      aligned) if aligns else None
                     events[sid] = events.get(sid, []) + stream.apply(req, *result, aligner=aligner)
         wall = time.perf_counter() - t0
         self.busy_s += wall
         self.step_wall_s = 0.8 * self.step_wall_s + 0.2 * wall
         return events
 
-    def _align(self, request: Request, memory: torch.Tensor, language: str | None, before: list[int],
-               tokens: list[int]) -> list:
+    def _align(self, request: Request, memory: torch.Tensor, language: str | None, cross: CrossKV | None,
+               aligned: dict[tuple, list[Word]], before: list[int], tokens: list[int]) -> list[Word]:
         """The words of ``tokens``, Whisper's way (``align``), over the audio they were decoded from, in seconds
         from its start; the ``before`` tokens decoded ahead of them in that audio are aligned with them (their
-        audio comes first) and their words dropped."""
+        audio comes first) and their words dropped. ``aligned``: what the decode aligned already (AlignAtt's
+        continuations, aligned in one batch)."""
+        if (known := aligned.get((tuple(before), tuple(tokens)))) is not None:
+            return known
         try:
             return align(self.transcriber.target, memory, len(request.audio) // HOP, language, request.task,
-                         [before, tokens])[1]
+                         [before, tokens], cross, scored=1)[1]
         except Exception:  # noqa: BLE001 - the final goes out without word times rather than not at all
             log.exception("aligning words failed")
             return []
+
+    def _align_continuations(self, requests: list[Request], results: list[tuple]) -> list[dict[tuple, list[Word]]]:
+        """The words of each aligning request's continuation after its prefix (what AlignAtt commits from), all
+        rows in one pass of the target decoder; {(prefix, continuation): its words} per request."""
+        rows = [i for i, r in enumerate(requests) if r.aligns]
+        out: list[dict[tuple, list[Word]]] = [{} for _ in requests]
+        if not rows:
+            return out
+        cont = {i: results[i][0].tokens[len(requests[i].prefix):] for i in rows}
+        windows = [Alignment(results[i][4], len(requests[i].audio) // HOP, results[i][1], requests[i].task,
+                             [requests[i].prefix, cont[i]], results[i][0].cross, scored=1) for i in rows]
+        try:
+            words = align_many(self.transcriber.target, windows)
+        except Exception:  # noqa: BLE001 - each row is aligned on its own when asked
+            log.exception("aligning words failed")
+            return out
+        for i, w in zip(rows, words):
+            out[i][(tuple(requests[i].prefix), tuple(cont[i]))] = w[1]
+        return out
 
     def _decode_apart(self, requests: list[Request]) -> list[tuple | Exception]:
         """(result, language, reliable, fallbacks, target encoder output) per request, or its exception:
@@ -208,14 +243,15 @@ class Engine:
         rows = [replace(tr.prompt(r.context, lang, r.task, timestamps=True), prefix=r.prefix, hint=r.hint,
                         sample_len=min(SAMPLE_LEN, len(r.prefix) + 16 + int(c.tokens_per_s * len(r.audio) / SAMPLE_RATE)))
                 for r, lang in zip(requests, languages)]
-        decode = partial(tr.decode, k=c.k, draft_stop=c.draft_stop, seed=c.checks.seed)
-        results = decode(memories, [replace(row, memory_length=n) for row, n in zip(rows, lengths)])
+        decode = partial(tr.decode, k=c.k, draft_stop=c.draft_stop, seed=c.checks.seed, keep_cross=True)
+        short = [n < N_FRAMES // 2 for n in lengths]  # a looped decode of such a row is decoded again on 30 s
+        results = decode(memories, [replace(row, memory_length=n, give_up=partial(tr.looping, positions=n) if s else None)
+                                    for row, n, s in zip(rows, lengths, short)])
         out = []
         for i, (r, result) in enumerate(zip(requests, results)):
             row = (memories[0][i:i + 1, :lengths[i]], memories[1][i:i + 1, :lengths[i]] if memories[1] is not None else None)
             fallbacks = 0
-            if lengths[i] < N_FRAMES // 2 and (tr.suspect(result, lengths[i])
-                                               or (r.final and tr.needs_fallback(result, c.checks))):
+            if short[i] and (tr.suspect(result, lengths[i]) or (r.final and tr.needs_fallback(result, c.checks))):
                 fallbacks += 1  # looped, or failed the checks: decode it again as Whisper would,
                 row = tr.encode(window(log_mel(r.audio, tr.target.n_mels), 0, N_FRAMES)[None].to(device))  # 30 s
                 result = decode(row, [rows[i]])[0]
@@ -227,7 +263,7 @@ class Engine:
                     if reliable := not tr.needs_fallback(result, c.checks):
                         break
             out.append((result, languages[i], reliable, fallbacks, row[0]))
-        return out
+        return [(*o, a) for o, a in zip(out, self._align_continuations(requests, out))]
 
 
 def stream_audio(engine: Engine, audio, config: StreamConfig = StreamConfig(), chunk_s: float = 0.5,
