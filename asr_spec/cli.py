@@ -85,6 +85,12 @@ def _model_args(p: argparse.ArgumentParser, device_flag: str = "--device", compu
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice; with --ray: per worker, default 1)")
 
 
+def max_batch(args: argparse.Namespace) -> int:
+    """serve's --max-batch: as asked, else 8 streams on a CPU (a batch's cost grows with its rows there) and 32 on
+    CUDA (a pass over 32 rows costs about what one over 1 does)."""
+    return args.max_batch or (32 if (args.torch_device or "").startswith("cuda") else 8)
+
+
 def _serve_threads(args: argparse.Namespace) -> int:
     """serve's torch threads on a CPU: as asked, else one core fewer than the machine has (at least 1). The cores
     left serve the event loop, the sockets and the clients; torch's threads wait for each other at every
@@ -132,7 +138,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     target, draft = models
-    engine = Engine(Recognizer(target, draft), EngineConfig(max_batch=args.max_batch, max_step_s=args.max_step))
+    engine = Engine(Recognizer(target, draft), EngineConfig(max_batch=max_batch(args), max_step_s=args.max_step))
     # uploads run at the server's compute type (one model in memory)
     files = FileWorker(Transcriber(target, draft), batch_size=args.file_batch,
                        max_yield_s=args.upload_yield)
@@ -514,7 +520,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what a re-decode commits: alignatt (default: after one decode, the words the audio already "
                    "supports and the model is sure of) or local-agreement (what two decodes in a row agree on: "
                    "slower, and a worse WER at the same step)")
-    v.add_argument("--max-batch", type=int, default=8, help="most streams decoded in one batch")
+    v.add_argument("--max-batch", type=int, default=0,
+                   help="most streams decoded in one batch (default 8 on a CPU, 32 on CUDA)")
     v.add_argument("--file-batch", type=int, default=4,
                    help="uploads to /v1/audio/* decoded together (same options, waiting at the same time)")
     v.add_argument("--upload-yield", type=float, default=5.0,

@@ -48,7 +48,7 @@ from whisper_normalizer.english import EnglishTextNormalizer
 from asr_spec import streaming
 from asr_spec.alignment import Word
 from asr_spec.audio import load_audio
-from asr_spec.cli import build_parser
+from asr_spec.cli import build_parser, max_batch
 from asr_spec.clients.stream import stream_file
 from asr_spec.evaluation.provenance import provenance
 from asr_spec.models.loader import ModelOptions, load
@@ -336,6 +336,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--encoder-windows", default="audio,full",
                     help="streamed WER with the encoder on the buffer's audio (the default) and on padded 30 s windows")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="torch device, as serve's --device (cuda: serve's CUDA defaults)")
     ap.add_argument("--compute-type", default=SERVE.compute_type,
                     help=f"as serve's --compute-type (default {SERVE.compute_type}, serve's)")
     ap.add_argument("--out", default=str(ROOT / "eval" / "out" / "streaming"))
@@ -404,8 +405,10 @@ def report(results: dict, args: argparse.Namespace) -> str:
 
 def main() -> None:
     args = parse_args()
+    serve = build_parser().parse_args(["serve", "--device", args.device])  # serve's defaults on that device
     torch.set_num_threads(args.threads)
-    target, draft = load(ModelOptions(compute_type=args.compute_type))  # serve's model and draft defaults
+    # serve's model and draft defaults
+    target, draft = load(ModelOptions(device=args.device, compute_type=args.compute_type))
     tr = Transcriber(target, draft)
     items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
     results: dict = {"provenance": provenance(args.threads), "step_s": args.step, "max_step_s": args.max_step,
@@ -415,7 +418,7 @@ def main() -> None:
         results |= wer_part(tr, items, args)
     results["capacity"] = []
     for n in (int(x) for x in args.sessions.split(",") if x):
-        row = capacity(tr, serve_engine(target, draft, SERVE.max_batch, args.max_step), items, n, args.seconds,
+        row = capacity(tr, serve_engine(target, draft, max_batch(serve), args.max_step), items, n, args.seconds,
                        args.step, args.policy)
         print(row, flush=True)
         results["capacity"].append(row)

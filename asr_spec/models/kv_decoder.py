@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import warnings
 from bisect import bisect_left
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 class Columns:
@@ -164,6 +166,10 @@ CrossKV = tuple[list[torch.Tensor], list[torch.Tensor]]  # per layer cross-atten
 # verify pass and a prompt (tests/test_compute.py checks it on the machine that runs the tests).
 EXACT_QUERIES = 4
 EXACT_KEYS = 512
+# On CUDA, torch picks cuDNN's attention for float16 with a mask, and cuDNN plans anew for every new shape: 2-3 ms a
+# call with a stream's changing lengths (H100, eval/profile_stream.py --device cuda: 70 % of the engine's time).
+# The memory-efficient kernel takes masks too and plans nothing.
+SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class _Layer:
@@ -267,8 +273,10 @@ class StaticDecoder:
         pad = EXACT_QUERIES - t if self.exact and t < EXACT_QUERIES else 0
         if pad:  # zero queries that see every key; their outputs are dropped
             mask = torch.cat([mask, mask.new_ones(b, 1, pad, keys)], 2)
-        attend = lambda q, k, v, m: F.scaled_dot_product_attention(  # noqa: E731
-            F.pad(q, (0, 0, 0, pad)) if pad else q, k, v, attn_mask=m, scale=1.0)[:, :, :t]
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+            with sdpa_kernel(SDPA_BACKENDS) if q.is_cuda else nullcontext():
+                return F.scaled_dot_product_attention(F.pad(q, (0, 0, 0, pad)) if pad else q, k, v, attn_mask=m,
+                                                      scale=1.0)[:, :, :t]
         rows = torch.arange(b, device=tokens.device)[:, None]
         for i, layer in enumerate(self.layers):
             h = layer.heads

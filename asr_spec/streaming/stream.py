@@ -43,6 +43,7 @@ class StreamConfig:
     end_silence_s: float = 0.6  # trailing silence that ends an utterance
     trim_s: float = 12.0  # trim the buffer at committed segment ends once it is longer than this
     max_buffer_s: float = 24.0  # a longer buffer is flushed whole (Whisper sees at most 30 s)
+    window_guard_s: float = 1.0  # a full buffer is committed up to a segment end at least this long before its end
     vad: bool = True
     vad_threshold: float = 0.5
     preroll_s: float = 0.3  # audio kept before detected speech
@@ -296,7 +297,7 @@ class Stream:
                 return self._commit_window(cont, len(request.audio))
             return self._commit_all(cont, len(request.audio))
         if request.kind == "window":
-            return self._commit_window(cont, len(request.audio))
+            return self._commit_window(cont, len(request.audio), cut_off=True)
         if not reliable:
             cont = []
         if self.config.policy == "alignatt":
@@ -365,16 +366,22 @@ class Stream:
         """Nothing worth decoding: no speech in the buffer and nothing committed from it."""
         return not self.speech and not self.committed
 
-    def _commit_window(self, cont: list[int], decoded: int) -> list[Event]:
+    def _commit_window(self, cont: list[int], decoded: int, cut_off: bool = False) -> list[Event]:
         """The buffer is full: commit the decoded window up to its last complete segment (the timestamp that
         closes it) and drop only that audio; the rest stays buffered and is decoded again, as Whisper's
-        offline loop seeks. Without a segment end, the whole window is committed and dropped."""
+        offline loop seeks. Without a segment end, the whole window is committed and dropped. ``cut_off``: the
+        window ends inside speech that goes on, so a segment that ends with it is likely cut short ("the art of
+        print."): the last segment end at least ``window_guard_s`` before the window's end is taken, if any."""
         tb = self.vocab.timestamp_begin
         every = self.committed + cont
         ends = self._segment_ends(every)
+        before = [i for i in ends if (every[i] - tb) * TOKEN_SECONDS <= decoded / SAMPLE_RATE - self.config.window_guard_s]
+        if cut_off and not before and self._aligner is not None and (words := self._aligner([], every)) \
+                and (events := self._commit_words(cont, words, decoded)) is not None:
+            return events
         if not ends:
             return self._commit_all_window(cont, decoded)
-        cut = ends[-1]
+        cut = before[-1] if cut_off and before else ends[-1]
         done = len(self.committed)
         events = [self._final(every[done:cut + 1], end_of_utterance=False)] if cut + 1 > done else []
         shift = every[cut] - tb
@@ -383,6 +390,34 @@ class Stream:
         self.committed = rebase(every[cut + 1:max(cut + 1, done)])
         self.previous = rebase(every[max(cut + 1, done):])
         self._drop(int(round(shift * TOKEN_SECONDS * SAMPLE_RATE)))
+        return events + self._partial_event()
+
+    def _commit_words(self, cont: list[int], words: list[Word], decoded: int) -> list[Event] | None:
+        """A full buffer whose speech goes on, without a segment end before its last ``window_guard_s``: commit
+        its words up to the last one ending before then (``words``: those of committed + ``cont``, aligned) and
+        drop the audio up to that word's end. The rest stays buffered and is decoded again. None when no word
+        ends in the buffer's first half (nothing worth dropping: the window is committed at its segments)."""
+        heard = decoded / SAMPLE_RATE - self.config.window_guard_s
+        done = sum(t < self.vocab.eot for t in self.committed)  # text tokens committed already
+        text_tokens, end = 0, 0.0
+        for w in words[:-1]:
+            if w.end > heard and text_tokens >= done:
+                break
+            text_tokens, end = text_tokens + w.tokens, w.end
+        if end < decoded / SAMPLE_RATE / 2:
+            return None
+        n = 0
+        text_tokens -= done
+        while text_tokens > 0 and n < len(cont):
+            text_tokens -= cont[n] < self.vocab.eot
+            n += 1
+        while 0 < n < len(cont) and not self._boundary(cont[n]):
+            n += 1  # finish the word (its last tokens may not be text: never cut inside one)
+        events = [self._final(cont[:n], end_of_utterance=False, decoded=int(end * SAMPLE_RATE))] if n else []
+        self._add_context(self.committed + cont[:n])
+        self.committed = []
+        self.previous = [self.vocab.timestamp_begin] + [t for t in cont[n:] if t < self.vocab.eot]
+        self._drop(int(round(end * SAMPLE_RATE)))
         return events + self._partial_event()
 
     def _segment_ends(self, tokens: list[int]) -> list[int]:

@@ -1,0 +1,117 @@
+"""Where a live stream's time goes: N streams of dev speech fed to one engine in-process (0.1 s chunks, as fast as
+the engine decodes them, with serve's engine and stream defaults), the engine's busy time split into voice
+detection, encoding, decoding (prefill, verify passes, draft steps) and AlignAtt's word alignment, per stream
+second; then the functions that took the most time themselves (cProfile).
+
+    python eval/profile_stream.py [--sessions 4] [--seconds 40] [--device cpu] [--compute-type auto]
+                                  [--threads 2] [--top 25]
+
+No server and no real-time pacing (eval/bench_streaming.py measures those): this isolates the engine's own cost.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import functools
+import json
+import pstats
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from asr_spec import vad
+from asr_spec.audio import load_audio
+from asr_spec.decoding import speculative
+from asr_spec.models.loader import ModelOptions, load
+from asr_spec.recognizer import Recognizer
+from asr_spec.streaming import engine as engine_module
+from asr_spec.streaming.engine import Engine
+from asr_spec.streaming.stream import StreamConfig
+
+DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
+
+
+def timed(owner, name: str, key: str, totals: dict[str, float]) -> None:
+    """Replace ``owner.name`` with a wrapper that adds its wall time to ``totals[key]``."""
+    fn = getattr(owner, name)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[key] = totals.get(key, 0.0) + time.perf_counter() - t0
+    setattr(owner, name, wrapper)
+
+
+def speech(items: list[dict], seconds: float, offset: int) -> np.ndarray:
+    parts, total, i = [], 0.0, offset
+    while total < seconds:
+        a = load_audio(DEV / items[i % len(items)]["audio"])
+        parts += [a, np.zeros(int(0.6 * 16000), np.float32)]
+        total += len(a) / 16000 + 0.6
+        i += 1
+    return np.concatenate(parts)
+
+
+def run(engine: Engine, audios: list[np.ndarray], chunk: int = 1600) -> None:
+    """Feed every stream ``chunk`` samples at a time, decoding whatever is due in between, then close them."""
+    sids = [engine.open(StreamConfig()) for _ in audios]
+    for start in range(0, max(map(len, audios)), chunk):
+        for sid, a in zip(sids, audios):
+            engine.feed(sid, a[start:start + chunk])
+        while engine.pending():
+            engine.step()
+    for sid in sids:
+        engine.flush(sid, close=True)
+    while engine.pending():
+        engine.step()
+    for sid in sids:
+        engine.close(sid)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sessions", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=40.0)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--compute-type", default="auto")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    target, draft = load(ModelOptions(device=args.device, compute_type=args.compute_type))
+    engine = Engine(Recognizer(target, draft))
+    items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
+    audios = [speech(items, args.seconds, 7 * i) for i in range(args.sessions)]
+    run(engine, [a[:16000 * 5] for a in audios])  # warm-up (kernels, the cost model's first tries)
+    totals: dict[str, float] = {}
+    rec = engine.transcriber
+    timed(vad.VoiceActivity, "__call__", "voice detection", totals)
+    timed(rec, "encode", "encode", totals)
+    timed(speculative.DecodingTask, "prefill", "decode: prefill", totals)
+    timed(speculative.DecodingTask, "verify", "decode: verify passes", totals)
+    timed(speculative.DecodingTask, "draft_tokens", "decode: draft steps", totals)
+    timed(rec, "decode", "decode", totals)
+    timed(engine_module, "align_many", "AlignAtt alignment", totals)
+    engine.busy_s = 0.0
+    profile = cProfile.Profile()
+    t0 = time.perf_counter()
+    profile.enable()
+    run(engine, audios)
+    profile.disable()
+    wall = time.perf_counter() - t0
+    stream_s = max(map(len, audios)) / 16000
+    print(f"{args.sessions} stream(s) x {stream_s:.1f} s, {target.precision.name} on {args.device}: wall {wall:.2f} s "
+          f"(cProfile on), engine busy {engine.busy_s:.2f} s = {engine.busy_s / stream_s:.3f} per stream second, "
+          f"{engine.decodes} decodes")
+    for key, seconds in totals.items():
+        print(f"  {key:24s} {seconds:7.2f} s  {seconds / engine.busy_s:6.1%} of busy")
+    pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
