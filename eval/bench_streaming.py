@@ -411,7 +411,7 @@ def main() -> None:
     target, draft = load(ModelOptions(device=args.device, compute_type=args.compute_type))
     tr = Transcriber(target, draft)
     items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
-    results: dict = {"provenance": provenance(args.threads), "step_s": args.step, "max_step_s": args.max_step,
+    results: dict = {"provenance": provenance(args.threads, args.device), "step_s": args.step, "max_step_s": args.max_step,
                      "policy": args.policy,
                      "threads": args.threads, "compute_type": target.precision.name}
     if not args.skip_wer:

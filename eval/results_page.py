@@ -198,6 +198,8 @@ def provenance(doc: dict | list, run: dict) -> dict[str, str]:
             raise ResultsError(f"{run['file']}: no {field} recorded in the JSON, and the index gives none")
         record, value = found
         out[field] = f"{value} ({record['cores']} cores)" if field == "machine" and record.get("cores") else str(value)
+        if field == "machine" and record.get("gpu"):
+            out[field] = f"{record['gpu']} GPU; host {out[field]}"
     return out
 
 

@@ -248,7 +248,8 @@ def test_a_stream_that_cannot_be_decoded_ends_alone(transcriber):
         assert any(e["type"] == "error" and e["code"] == "decode_failed" for e in seen), seen
         thread.join(120)
         assert not thread.is_alive(), "the session beside the failing one did not finish within 120 s"
-        assert "ask not what your country" in normalize(" ".join(e["text"] for e in good["events"] if e["type"] == "final"))
+        # its text, whatever form a word takes (AlignAtt may commit "asked not" at 4x real time; WER is measured in eval/)
+        assert "your country can do for you" in normalize(" ".join(e["text"] for e in good["events"] if e["type"] == "final"))
         deadline = time.monotonic() + 10
         while srv.engine.snapshot():
             assert time.monotonic() < deadline, srv.engine.snapshot()

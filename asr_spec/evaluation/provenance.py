@@ -39,7 +39,13 @@ def command_line(argv: list[str] | None = None) -> str:
     return " ".join([head, *map(shlex.quote, argv[1:])])
 
 
-def provenance(threads: int) -> dict:
-    """machine (CPU, cores), threads, date (UTC, ISO 8601) and command of this run."""
-    return {"machine": cpu_name(), "cores": os.cpu_count(), "threads": threads,
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command_line()}
+def provenance(threads: int, device: str = "cpu") -> dict:
+    """machine (CPU, cores; with a CUDA ``device``, its GPU too), threads, date (UTC, ISO 8601) and command of this
+    run."""
+    out = {"machine": cpu_name(), "cores": os.cpu_count(), "threads": threads,
+           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command_line()}
+    if device.startswith("cuda"):
+        import torch
+
+        out["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return out

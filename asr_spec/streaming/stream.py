@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..alignment import Word
+from ..alignment import APPEND, Word
 from ..audio import SAMPLE_RATE
 from ..decoding.speculative import RowResult, RowStats
 from ..recognizer import nothing_said
@@ -487,11 +487,14 @@ class Stream:
         return cont[:n]
 
     def _boundary(self, token: int) -> bool:
+        """Whether a commit may end before ``token``: a timestamp, a token that starts a word (with its space) or
+        other non-alphanumeric text, but not closing punctuation, which belongs to the word before it (a final
+        never starts with ", produced")."""
         if token >= self.vocab.eot:
             return True
         if token not in self._word_start:
             piece = self.tokenizer.id_to_token(token) or ""
-            self._word_start[token] = piece.startswith("Ġ") or not piece[:1].isalnum()
+            self._word_start[token] = piece.startswith("Ġ") or not (piece[:1].isalnum() or piece[:1] in APPEND)
         return self._word_start[token]
 
     def _partial_event(self) -> list[Event]:
