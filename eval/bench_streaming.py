@@ -1,7 +1,8 @@
 """Streaming benchmarks (issues 5, 26): latency at real-time pace, simultaneous sessions, streaming WER.
 
-    python eval/bench_streaming.py [--sessions 1,4,8] [--seconds 40] [--limit N] [--threads 2]
-                                   [--policy alignatt|local-agreement] [--encoder-windows audio,full]
+    python eval/bench_streaming.py [--sessions 1,4,8] [--seconds 40] [--limit N] [--threads 2] [--device cpu]
+                                   [--policy alignatt|local-agreement] [--step S] [--max-step S]
+                                   [--encoder-windows audio,full]
                                    [--skip-wer] [--out eval/out/streaming]
 
 What runs is what ``asr_spec serve`` runs with its own defaults (compute type, step, commit policy, engine
@@ -10,8 +11,9 @@ settings: read from serve's argument parser); ``--compute-type``, ``--step`` and
 1. Streaming vs offline WER: every dev utterance and the long-form file streamed through the engine
    (0.5 s chunks, re-decoded every ``--step`` s of audio, as a real-time stream with instant decoding
    would be), against ``asr_spec transcribe``'s offline output of the same audio.
-2. Latency and capacity: a real ``asr_spec serve`` (in-process, loopback) and N WebSocket clients, each
-   sending ``--seconds`` of dev speech (utterances joined by 0.6 s pauses) paced at real time. Each session's
+2. Latency and capacity: a real ``asr_spec serve`` (in-process, loopback) and N WebSocket clients (threads of one
+   process of their own, as real clients are), each sending ``--seconds`` of dev speech (utterances joined by 0.6 s
+   pauses) paced at real time. ``--device cuda`` runs serve's CUDA defaults. Each session's
    audio is also transcribed offline with word timestamps (Whisper's alignment); the streamed finals' words
    are aligned with those words. A word's partial latency is when it first appeared at its place in
    committed + partial text minus the time its audio ended, its final latency when it was committed minus

@@ -55,3 +55,30 @@ def test_word_times_on_a_real_utterance(base_model):
         assert all(s.start <= w.start <= w.end <= s.end for w in s.words)
     country = [w for w in words if w.word.strip(" .,") == "country"]
     assert len(country) == 2 and 5.5 < country[0].start < 6.5 and 9.5 < country[1].start < 10.5
+
+
+def test_windows_aligned_together_get_the_words_each_gets_alone(tiny_target):
+    """``align_many`` reads several windows' text in one pass (rows padded, each attending to its own encoder
+    positions, the decode's cross-attention keys and values reused): the same words and times as ``align`` on each
+    alone; ``scored=1`` skips the output layer for the first segment (its words get probability 0) and leaves
+    the later segments' words as they were."""
+    import torch
+
+    from asr_spec.alignment import Alignment, align, align_many
+
+    dim = tiny_target.hf.config.d_model
+    memories = [torch.randn(1, n, dim, generator=torch.Generator().manual_seed(n)) for n in (20, 14)]
+    enc = tiny_target.tokenizer.encode
+    segments = [[enc(" and so my"), enc(" fellow Americans")], [enc(" ask not"), enc(" what your country can")]]
+    alone = [align(tiny_target, m, 2 * m.shape[1], "en", "transcribe", s) for m, s in zip(memories, segments)]
+    together = align_many(tiny_target, [Alignment(m, 2 * m.shape[1], "en", "transcribe", s)
+                                        for m, s in zip(memories, segments)])
+    cross = [tiny_target.decoder.new_cache(m, 1) for m in memories]
+    scored = align_many(tiny_target, [Alignment(m, 2 * m.shape[1], "en", "transcribe", s, (c.cross_k, c.cross_v), 1)
+                                      for m, s, c in zip(memories, segments, cross)])
+    as_tuples = lambda ws: [(w.word, w.start, w.end, w.tokens) for w in ws]  # noqa: E731
+    for a, b, c in zip(alone, together, scored):
+        assert [as_tuples(x) for x in a] == [as_tuples(x) for x in b] == [as_tuples(x) for x in c]
+        assert [w.probability for w in b[1]] == pytest.approx([w.probability for w in a[1]], abs=1e-5)
+        assert [w.probability for w in c[1]] == pytest.approx([w.probability for w in a[1]], abs=1e-5)
+        assert all(w.probability == 0.0 for w in c[0])

@@ -168,6 +168,9 @@ def test_hints_are_free_drafts_and_never_change_the_output(tiny_target, k):
     for hints in (truth, [t[: len(t) // 2] + [5, 6, 7] for t in truth], [[9, 9, 9]] * 2, [truth[0], []]):
         out = _decode(tiny_target, draft, prompts, True, k, hints=hints)
         assert [r.tokens for r in out] == truth
+    mixed = _decode(tiny_target, draft, prompts, True, k, hints=[truth[0], []])
+    if k:  # the row with a hint proposes it while the other drafts: its hint is used, not the draft's guesses
+        assert mixed[0].stats.hint_accepted >= len(truth[0]) // 2 and mixed[1].stats.hint_accepted == 0
     out = _decode(tiny_target, draft, prompts, True, k, hints=truth)
     # every token (and the end-of-text) is an accepted hint or the one token each target pass adds
     assert all(r.stats.hint_accepted + r.stats.target_passes == len(r.tokens) + 1 for r in out)
@@ -263,3 +266,33 @@ def test_a_decode_with_the_cost_model_is_exact_and_follows_it(tiny_target, faste
         assert drafted <= passes // PROBE_EVERY + 1
     else:
         assert drafted >= 2 * passes  # K = 3 on all but the probe passes
+
+
+def test_a_row_that_gives_up_stops_early_and_alone(tiny_target):
+    """``Request.give_up`` ends a row as soon as its tokens so far satisfy it (streaming: a loop, whose result is
+    decoded again anyway); the other rows of the batch go on to the tokens they decode alone."""
+    from dataclasses import replace
+
+    v = tiny_target.vocab
+    mem = _memory(2)
+    rules = DecodeOptions(LogitRules.whisper(v, True), v.eot, v.no_speech)
+    requests = [Request(p, p.index(v.sot), sample_len=30) for p in PROMPTS[:2]]
+    alone = speculative_decode(Decoders(tiny_target.decoder), (mem, mem), requests, rules)
+    assert len(alone[0].tokens) > 5
+    stop = [replace(requests[0], give_up=lambda tokens, new: len(tokens) >= 5), requests[1]]
+    out = speculative_decode(Decoders(tiny_target.decoder), (mem, mem), stop, rules)
+    assert out[0].tokens == alone[0].tokens[:5] and out[1].tokens == alone[1].tokens
+
+
+def test_looping_is_what_suspect_finds_as_it_happens(tiny_target):
+    """``Recognizer.looping`` finds, in the newest tokens, what ``suspect`` finds in a whole result: a phrase of 4+
+    tokens repeated at once, or a timestamp past the audio's encoder positions."""
+    from asr_spec.recognizer import Recognizer
+
+    r, tb = Recognizer(tiny_target), tiny_target.vocab.timestamp_begin
+    phrase = [11, 12, 13, 14]
+    assert r.looping([tb, 5, *phrase, *phrase], 1, 100)  # the repeat completes with the newest token
+    assert r.looping([tb, 5, *phrase, *phrase, 9], 3, 100)  # ... or one of the newest
+    assert not r.looping([tb, 5, *phrase, *phrase, 9], 1, 100)  # it completed earlier: found then
+    assert not r.looping([tb, 5, 11, 12, 13, 11, 12, 13], 1, 100)  # 3 tokens: Whisper's own rhythm, not a loop
+    assert r.looping([tb, 5, 6, tb + 120], 1, 100) and not r.looping([tb, 5, 6, tb + 90], 1, 100)

@@ -254,3 +254,56 @@ def test_alignatt_commits_the_words_the_audio_already_supports(transcriber):
         assert finals == ([committed] if committed else []), (policy, finals)
         assert tokenizer.decode(s.previous).strip() == ("your country" if committed else "ask not what your country")
         assert [e.text for e in events if e.type == "partial"] == [tokenizer.decode(s.previous).strip()]
+
+
+def test_alignatt_waits_longer_for_a_word_it_is_unsure_of(transcriber):
+    """A word the target is unsure of (probability below 0.7) is committed only once 3 s of audio follow it, and
+    nothing after it before that: Whisper's early mistakes ("their" for "there") are such words. Commits never
+    end before closing punctuation."""
+    from asr_spec.alignment import Word
+
+    tb, tokenizer = transcriber.vocab.timestamp_begin, transcriber.target.tokenizer
+    said = tokenizer.encode(" ask not, what your country")
+    ends = {" ask": 0.5, " not,": 1.0, " what": 1.6, " your": 2.7, " country": 2.9}
+
+    def run(seconds: float, unsure: str) -> list[str]:
+        def aligner(before: list[int], tokens: list[int]) -> list[Word]:
+            return [Word(w, e - 0.3, e, 0.5 if w == unsure else 0.9, len(tokenizer.encode(w))) for w, e in ends.items()]
+
+        s = Stream(StreamConfig(vad=False), tokenizer)
+        s.feed(np.zeros(int(seconds * 16000), np.float32))
+        assert s.due() == "partial"
+        events = s.apply(s.request("partial"), RowResult([tb] + said, -0.1, 0.0, RowStats()), aligner=aligner)
+        return [e.text for e in events if e.type == "final"]
+
+    assert run(3.0, "") == ["ask not, what"]
+    assert run(3.0, " not,") == ["ask"]  # "not," ends 2.0 s before the audio does: not yet
+    assert run(4.0, " not,") == ["ask not, what your"]  # 3 s after it: committed, and what the margin allows after it
+    assert run(3.0, " ask") == []
+    s = Stream(StreamConfig(), tokenizer)
+    comma, what = tokenizer.encode(",")[0], tokenizer.encode(" what")[0]
+    assert not s._boundary(comma) and s._boundary(what) and s._boundary(tb)
+
+
+def test_a_full_buffer_cut_inside_speech_is_committed_up_to_a_word_end(transcriber):
+    """A 24 s buffer whose decode ends in one segment closed at the buffer's end (speech goes on: its last word is
+    likely cut short) is committed up to the last aligned word ending 1 s before the end, and only that audio
+    leaves the buffer; the rest is decoded again."""
+    from asr_spec.alignment import Word
+
+    tb, tokenizer = transcriber.vocab.timestamp_begin, transcriber.target.tokenizer
+    words = [f" w{i}" for i in range(12)]
+    tokens = [tb] + [t for w in words for t in tokenizer.encode(w)] + [tb + 1200]  # one segment, 0-24 s
+
+    def aligner(before: list[int], toks: list[int]) -> list[Word]:
+        return [Word(w, 2.0 * i, 2.0 * i + 1.9, 0.9, len(tokenizer.encode(w))) for i, w in enumerate(words)]
+
+    s = Stream(StreamConfig(vad=False), tokenizer)
+    s.feed(np.zeros(24 * 16000, np.float32))
+    assert s.due() == "window"
+    events = s.apply(s.request("window"), RowResult(tokens, -0.1, 0.0, RowStats()), aligner=aligner)
+    finals = [e for e in events if e.type == "final"]
+    assert [e.text for e in finals] == [" ".join(w.strip() for w in words[:11])]  # w11 ends at 23.9 s: kept
+    assert s.start == pytest.approx(21.9) and s.buffer_s == pytest.approx(2.1)
+    assert s.stats.decoded_s == pytest.approx(21.9)
+    assert tokenizer.decode([t for t in s.previous if t < transcriber.vocab.eot]).strip() == "w11"
