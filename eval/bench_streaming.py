@@ -9,7 +9,8 @@ What runs is what ``asr_spec serve`` runs with its own defaults (compute type, s
 settings: read from serve's argument parser); ``--compute-type``, ``--step`` and ``--policy`` override them.
 
 1. Streaming vs offline WER: every dev utterance and the long-form file streamed through the engine
-   (0.5 s chunks, re-decoded every ``--step`` s of audio, as a real-time stream with instant decoding
+   (0.5 s chunks, re-decoded every ``--step`` s of audio, the step fixed rather than grown with the load (which
+   follows the machine's speed), as a real-time stream with instant decoding
    would be), against ``asr_spec transcribe``'s offline output of the same audio.
 2. Latency and capacity: a real ``asr_spec serve`` (in-process, loopback) and N WebSocket clients (threads of one
    process of their own, as real clients are), each sending ``--seconds`` of dev speech (utterances joined by 0.6 s
@@ -350,7 +351,8 @@ def wer_part(tr: Transcriber, items: list[dict], args: argparse.Namespace) -> di
     dev = items[: args.limit] if args.limit else items
     long_items = [json.loads(x) for x in (DEV / "longform" / "manifest.jsonl").read_text().splitlines()]
     for win in args.encoder_windows.split(","):
-        config, tag = EngineConfig(encoder_window=win), "" if win == "audio" else f"_{win}_window"
+        # a fixed step: the load step follows the machine's speed, which would make the text depend on it
+        config, tag = EngineConfig(encoder_window=win, max_step_s=0.0), "" if win == "audio" else f"_{win}_window"
         results["wer_dev" + tag] = streaming_wer(tr, dev, DEV, args.step, args.policy, config=config)
         print("dev", win, results["wer_dev" + tag], flush=True)
         results["wer_longform" + tag] = streaming_wer(tr, long_items, DEV / "longform", args.step, args.policy,

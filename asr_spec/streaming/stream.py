@@ -371,16 +371,19 @@ class Stream:
         closes it) and drop only that audio; the rest stays buffered and is decoded again, as Whisper's
         offline loop seeks. Without a segment end, the whole window is committed and dropped. ``cut_off``: the
         window ends inside speech that goes on, so a segment that ends with it is likely cut short ("the art of
-        print."): the last segment end at least ``window_guard_s`` before the window's end is taken, if any."""
+        print."): with an aligner, the words the audio supports are committed (:meth:`_commit_words`; a decode
+        that ran on past its audio, repeating committed text, is not); else the last segment end at least
+        ``window_guard_s`` before the window's end is taken, if any."""
         tb = self.vocab.timestamp_begin
         every = self.committed + cont
         ends = self._segment_ends(every)
-        before = [i for i in ends if (every[i] - tb) * TOKEN_SECONDS <= decoded / SAMPLE_RATE - self.config.window_guard_s]
-        if cut_off and not before and self._aligner is not None and (words := self._aligner([], every)) \
+        if cut_off and self._aligner is not None and (words := self._aligner([], every)) \
                 and (events := self._commit_words(cont, words, decoded)) is not None:
             return events
         if not ends:
             return self._commit_all_window(cont, decoded)
+        guard = decoded / SAMPLE_RATE - self.config.window_guard_s
+        before = [i for i in ends if (every[i] - tb) * TOKEN_SECONDS <= guard]
         cut = before[-1] if cut_off and before else ends[-1]
         done = len(self.committed)
         events = [self._final(every[done:cut + 1], end_of_utterance=False)] if cut + 1 > done else []
@@ -393,10 +396,10 @@ class Stream:
         return events + self._partial_event()
 
     def _commit_words(self, cont: list[int], words: list[Word], decoded: int) -> list[Event] | None:
-        """A full buffer whose speech goes on, without a segment end before its last ``window_guard_s``: commit
-        its words up to the last one ending before then (``words``: those of committed + ``cont``, aligned) and
-        drop the audio up to that word's end. The rest stays buffered and is decoded again. None when no word
-        ends in the buffer's first half (nothing worth dropping: the window is committed at its segments)."""
+        """A full buffer whose speech goes on: commit its words up to the last one ending ``window_guard_s`` before
+        its end (``words``: those of committed + ``cont``, aligned) and drop the audio up to that word's end. The
+        rest stays buffered and is decoded again. None when no word ends in the buffer's first half (nothing worth
+        dropping: the window is committed at its segments)."""
         heard = decoded / SAMPLE_RATE - self.config.window_guard_s
         done = sum(t < self.vocab.eot for t in self.committed)  # text tokens committed already
         text_tokens, end = 0, 0.0
