@@ -198,12 +198,11 @@ def align_many(model: Whisper, windows: list[Alignment]) -> list[list[list[Word]
         n_frames = max(1, min(w.frames // 2, lengths[b]))
         n = len(prefix) + len(text) + 1
         att = torch.stack([scores[layer][b, head, :n, :n_frames] for layer, head in heads]).float().softmax(-1)
-        out[i] = _words(model, w, att, len(prefix) - 1, text, token_probs)
+        out[i] = _words(model, w, att, len(prefix) - 1, token_probs)
     return out
 
 
-def _words(model: Whisper, w: Alignment, att: torch.Tensor, at: int, text: list[int],
-           token_probs: np.ndarray) -> list[list[Word]]:
+def _words(model: Whisper, w: Alignment, att: torch.Tensor, at: int, token_probs: np.ndarray) -> list[list[Word]]:
     """Whisper's word timing from the alignment heads' attention ``att`` [heads, tokens, frames] of one window
     (its text tokens start after position ``at``), grouped by ``w``'s segments."""
     std, mean = torch.std_mean(att, dim=-2, keepdim=True, unbiased=False)
@@ -212,24 +211,21 @@ def _words(model: Whisper, w: Alignment, att: torch.Tensor, at: int, text: list[
     rows, cols = dtw(-matrix.cpu().double().numpy())
     jumps = np.diff(rows, prepend=-1).astype(bool)
     times = cols[jumps] / FRAMES_PER_SECOND  # the frame where each token's row begins
-    split = _split_words(model, text, w.language)
-    bounds = np.concatenate(([0], np.cumsum([len(toks) for _, toks in split])))
-    words = [Word(text_, float(times[a]), float(times[b]) if b < len(times) else float(times[-1]),
-                  float(token_probs[a:b].mean()), b - a)
-             for (text_, _), a, b in zip(split, bounds[:-1], bounds[1:])]
-    _trim_long_words(words)
-    _merge_punctuation(words)
+    # words are split and punctuation merged within each segment: a segment's words are exactly its own tokens
+    # (a streaming final that starts with "," or "book" after a committed "block" keeps them)
+    segments = [[t for t in seg if t < model.vocab.eot] for seg in w.segments]
+    starts = np.cumsum([0] + [len(seg) for seg in segments])
     out: list[list[Word]] = []
-    k = 0
-    for seg in ([t for t in seg if t < model.vocab.eot] for seg in w.segments):
-        taken, mine = 0, []
-        while k < len(words) and taken < len(seg):
-            taken += words[k].tokens
-            if words[k].word:
-                mine.append(words[k])
-            k += 1
-        out.append(mine)
-    return out
+    for seg, first in zip(segments, starts):
+        split = _split_words(model, seg, w.language)
+        bounds = first + np.concatenate(([0], np.cumsum([len(toks) for _, toks in split]))).astype(int)
+        out.append([Word(text_, float(times[a]), float(times[b]) if b < len(times) else float(times[-1]),
+                         float(token_probs[a:b].mean()), b - a)
+                    for (text_, _), a, b in zip(split, bounds[:-1], bounds[1:])])
+    _trim_long_words([word for words in out for word in words])
+    for words in out:
+        _merge_punctuation(words)
+    return [[word for word in words if word.word] for words in out]
 
 
 def _trim_long_words(words: list[Word]) -> None:

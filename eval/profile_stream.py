@@ -1,5 +1,5 @@
 """Where a live stream's time goes: N streams of dev speech fed to one engine in-process (0.1 s chunks, as fast as
-the engine decodes them, with serve's engine and stream defaults), the engine's busy time split into voice
+the engine decodes them, with the engine's and streams' defaults: a fixed 0.5 s step), the busy time split into voice
 detection, encoding, decoding (prefill, verify passes, draft steps) and AlignAtt's word alignment, per stream
 second; then the functions that took the most time themselves (cProfile).
 

@@ -217,15 +217,15 @@ def test_cli_defaults_match_the_library_defaults():
 
 
 def test_serve_defaults_are_the_engines_and_the_measured_ones(monkeypatch):
-    """serve's step, load step and policy are the streaming library's defaults; on a CPU it leaves one core to the
+    """serve's step and policy are the streaming library's defaults, its load step 3 s; on a CPU it leaves one core to the
     event loop and admits the sessions measured to run at real time (2 per core with AMX, else 1); CUDA differs."""
     import asr_spec.models.compute as compute
     from asr_spec.cli import _real_time_sessions, _serve_threads, build_parser, max_batch
-    from asr_spec.streaming.engine import EngineConfig
+    from asr_spec.streaming import MAX_STEP_S
     from asr_spec.streaming.stream import StreamConfig
 
     args = build_parser().parse_args(["serve"])
-    assert (args.step, args.max_step, args.commit_policy) == (StreamConfig.step_s, EngineConfig.max_step_s,
+    assert (args.step, args.max_step, args.commit_policy) == (StreamConfig.step_s, MAX_STEP_S,
                                                               StreamConfig.policy) == (0.5, 3.0, "alignatt")
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1, 2, 3})
     assert _serve_threads(args) == 3 and _serve_threads(build_parser().parse_args(["serve", "--threads", "4"])) == 4

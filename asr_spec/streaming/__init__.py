@@ -2,4 +2,4 @@
 
 POLICIES = ("alignatt", "local-agreement")  # what a re-decode commits (stream.py); the first is the default
 STEP_S = 0.5  # a stream is re-decoded after this much new audio ...
-MAX_STEP_S = 3.0  # ... or, under load, up to this much (engine.py)
+MAX_STEP_S = 3.0  # ... or, on a loaded server, up to this much (serve --max-step; engine.py)

@@ -24,7 +24,6 @@ from ..decoding.speculative import SAMPLE_LEN
 from ..models.kv_decoder import CrossKV
 from ..features import HOP, N_FRAMES, SAMPLE_RATE, encoder_frames, log_mel, window
 from ..recognizer import DRAFT_STOP, K, Checks, Recognizer, pad_memories
-from . import MAX_STEP_S
 from .stream import Event, Request, Stream, StreamConfig
 
 log = logging.getLogger(__name__)
@@ -45,7 +44,8 @@ class EngineConfig:
     # the step grows with the load: a stream is due once it has this many times the engine's recent step time of
     # new audio (so that decoding takes about this share of the time), between its own step_s and max_step_s
     target_busy: float = 0.7
-    max_step_s: float = MAX_STEP_S  # 0: off, every stream re-decodes after its own step (serve --max-step)
+    # 0: off, every stream re-decodes after its own step, and decodes do not depend on the machine's speed (serve: 3 s)
+    max_step_s: float = 0.0
     # a batch that decodes anyway takes along the streams with at least this share of their step of new audio: a row
     # added to a batch costs far less than a batch of its own later (the passes are shared), and the streams fall
     # into step with each other, so that later batches are full too (1: only streams that are due)
