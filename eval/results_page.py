@@ -94,9 +94,10 @@ def wer_table(doc: dict) -> str:
 def capacity_table(doc: dict) -> str:
     """eval/bench_streaming.py's capacity part: one row per number of simultaneous sessions."""
     head = ["real-time sessions", "RTF (engine busy / stream)", "partial latency median / p90 s",
-            "final latency median / p90 s", "words", "close lag max s"]
+            "final latency median / p90 s", "words", "words missing / offline", "close lag max s"]
     rows = [[r["sessions"], r["rtf"], f"{num(r['partial_latency_median_s'])} / {num(r['partial_latency_p90_s'])}",
-             f"{num(r['final_latency_median_s'])} / {num(r['final_latency_p90_s'])}", r["words"], r["close_lag_max_s"]]
+             f"{num(r['final_latency_median_s'])} / {num(r['final_latency_p90_s'])}", r["words"],
+             f"{r['words_missing']} / {r['words_offline']}" if "words_missing" in r else "—", r["close_lag_max_s"]]
             for r in doc["capacity"]]
     return md_table(head, rows)
 
