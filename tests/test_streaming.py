@@ -257,7 +257,7 @@ def test_alignatt_commits_the_words_the_audio_already_supports(transcriber):
 
 
 def test_alignatt_waits_longer_for_a_word_it_is_unsure_of(transcriber):
-    """A word the target is unsure of (probability below 0.7) is committed only once 3 s of audio follow it, and
+    """A word the target is unsure of (probability below 0.8) is committed only once 3 s of audio follow it, and
     nothing after it before that: Whisper's early mistakes ("their" for "there") are such words. Commits never
     end before closing punctuation."""
     from asr_spec.alignment import Word
@@ -268,7 +268,7 @@ def test_alignatt_waits_longer_for_a_word_it_is_unsure_of(transcriber):
 
     def run(seconds: float, unsure: str) -> list[str]:
         def aligner(before: list[int], tokens: list[int]) -> list[Word]:
-            return [Word(w, e - 0.3, e, 0.5 if w == unsure else 0.9, len(tokenizer.encode(w))) for w, e in ends.items()]
+            return [Word(w, e - 0.3, e, 0.75 if w == unsure else 0.9, len(tokenizer.encode(w))) for w, e in ends.items()]
 
         s = Stream(StreamConfig(vad=False), tokenizer)
         s.feed(np.zeros(int(seconds * 16000), np.float32))
