@@ -16,21 +16,19 @@ import functools
 import json
 import pstats
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from asr_spec import vad
-from asr_spec.audio import load_audio
 from asr_spec.decoding import speculative
 from asr_spec.models.loader import ModelOptions, load
 from asr_spec.recognizer import Recognizer
 from asr_spec.streaming import engine as engine_module
 from asr_spec.streaming.engine import Engine
 from asr_spec.streaming.stream import StreamConfig
+from bench_streaming import DEV, speech  # eval/ is the script's folder
 
-DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
 
 
 def timed(owner, name: str, key: str, totals: dict[str, float]) -> None:
@@ -45,16 +43,6 @@ def timed(owner, name: str, key: str, totals: dict[str, float]) -> None:
         finally:
             totals[key] = totals.get(key, 0.0) + time.perf_counter() - t0
     setattr(owner, name, wrapper)
-
-
-def speech(items: list[dict], seconds: float, offset: int) -> np.ndarray:
-    parts, total, i = [], 0.0, offset
-    while total < seconds:
-        a = load_audio(DEV / items[i % len(items)]["audio"])
-        parts += [a, np.zeros(int(0.6 * 16000), np.float32)]
-        total += len(a) / 16000 + 0.6
-        i += 1
-    return np.concatenate(parts)
 
 
 def run(engine: Engine, audios: list[np.ndarray], chunk: int = 1600) -> None:
