@@ -30,7 +30,6 @@ from asr_spec.streaming.stream import StreamConfig
 from bench_streaming import DEV, speech  # eval/ is the script's folder
 
 
-
 def timed(owner, name: str, key: str, totals: dict[str, float]) -> None:
     """Replace ``owner.name`` with a wrapper that adds its wall time to ``totals[key]``."""
     fn = getattr(owner, name)
