@@ -43,7 +43,7 @@ class StreamConfig:
     end_silence_s: float = 0.6  # trailing silence that ends an utterance
     trim_s: float = 12.0  # trim the buffer at committed segment ends once it is longer than this
     max_buffer_s: float = 24.0  # a longer buffer is flushed whole (Whisper sees at most 30 s)
-    window_guard_s: float = 1.0  # a full buffer is committed up to a word or segment end at least this long before its end
+    window_guard_s: float = 1.0  # a full buffer is committed up to a word or segment end this long before its end
     vad: bool = True
     vad_threshold: float = 0.5
     preroll_s: float = 0.3  # audio kept before detected speech
