@@ -94,6 +94,25 @@ class Features:
         return _log10_mel(stft, self.n_mels)
 
 
+def log_mel_frames(audio: np.ndarray, first: int, frames: int, n_mels: int = 80) -> torch.Tensor:
+    """Unscaled log-mel frames [first, first + frames) [n_mels, frames] of ``audio`` followed by silence, each frame
+    read from the audio around it (as :func:`log_mel` centres them; reflected at the audio's start): a stream's
+    newest frames, without the frames before them. Scale with :func:`scaled`."""
+    lo, hi = first * HOP - N_FFT // 2, (first + frames - 1) * HOP + N_FFT // 2
+    x = np.asarray(audio[max(lo, 0):max(0, min(hi, len(audio)))], dtype=np.float32)
+    if lo < 0:
+        x = np.concatenate([audio[1:1 - lo][::-1], x])
+    x = np.pad(x, (0, hi - lo - len(x)))
+    stft = torch.stft(torch.from_numpy(x), N_FFT, HOP, window=torch.hann_window(N_FFT), center=False,
+                      return_complex=True)
+    return _log10_mel(stft, n_mels)
+
+
+def scaled(log: torch.Tensor, top: torch.Tensor | float) -> torch.Tensor:
+    """Whisper's scale for unscaled log-mel frames, ``top`` being the loudest frame's value (see :func:`log_mel`)."""
+    return _scaled(log, torch.as_tensor(top))
+
+
 def window(mel: torch.Tensor, start: int, frames: int = N_FRAMES) -> torch.Tensor:
     """Frames [start, start + frames) of ``mel``, zero-padded at the end to a full window."""
     seg = mel[:, start:start + frames]

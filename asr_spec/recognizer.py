@@ -12,6 +12,7 @@ from .decoding.costs import BatchCosts
 from .decoding.logits import LogitRules
 from .decoding.sampling import Sampler
 from .decoding.speculative import DecodeOptions, Decoders, Request, RowResult, speculative_decode
+from .models.kv_decoder import CrossKV
 from .models.loader import Draft, Whisper
 
 
@@ -90,16 +91,17 @@ class Recognizer:
 
     def decode(self, memories: tuple[torch.Tensor, torch.Tensor | None], requests: list[Request],
                temperature: float = 0.0, timestamps: bool = True, *, k: int = K, draft_stop: float = DRAFT_STOP,
-               seed: int = 0, use_draft: bool = True, adaptive_k: bool = True, keep_cross: bool = False
-               ) -> list[RowResult]:
+               seed: int = 0, use_draft: bool = True, adaptive_k: bool = True, keep_cross: bool = False,
+               cross: tuple[CrossKV | None, CrossKV | None] = (None, None)) -> list[RowResult]:
         """One speculative decode of a batch of windows (``memories`` rows match ``requests``). Sampling
         (``temperature`` > 0) draws with noise keyed by ``seed`` and each request's key: the same tokens with
-        and without the draft, at any draft length."""
+        and without the draft, at any draft length. ``cross``: the decoders' cross-attention keys and values of
+        ``memories`` where known (a stream keeps those of the audio it has encoded before)."""
         draft = self.draft.decoder if (self.draft and use_draft) else None
         options = DecodeOptions(LogitRules.whisper(self.vocab, timestamps), self.vocab.eot, self.vocab.no_speech,
                                 Sampler(temperature, seed), k if draft else 0, draft_stop, keep_cross)
         return speculative_decode(Decoders(self.target.decoder, draft, self.costs if adaptive_k else None),
-                                  memories, requests, options)
+                                  memories, requests, options, cross)
 
     def needs_fallback(self, r: RowResult, o: Checks) -> bool:
         """Whisper's checks on a decode (openai/whisper's order): repetitive text (compression ratio) or unlikely
@@ -112,6 +114,20 @@ class Recognizer:
         repetitive = (o.compression_ratio_threshold is not None
                       and compression_ratio(self.target.tokenizer.decode(r.tokens)) > o.compression_ratio_threshold)
         return repetitive or (o.logprob_threshold is not None and r.avg_logprob < o.logprob_threshold)
+
+    def retry(self, r: RowResult, positions: int, padded: bool, attempt: int, o: Checks, ladder: bool = True
+              ) -> str | None:
+        """Whisper's temperature fallback, one decision at a time, for files and streams alike: what to do with a
+        window decoded at attempt ``attempt`` of ``o.temperatures`` from ``positions`` encoder positions.
+        ``"pad"``: it was encoded shorter than Whisper's 30 s (not ``padded``) and looks looped or fails the checks,
+        so decode it again on the padded window, as Whisper would; ``"hotter"``: it fails the checks, so decode it
+        at the next temperature (only with ``ladder``); None: keep it."""
+        fails = self.needs_fallback(r, o) if ladder else False
+        if not padded and (self.suspect(r, positions) or fails):
+            return "pad"
+        if fails and attempt + 1 < len(o.temperatures):
+            return "hotter"
+        return None
 
     def suspect(self, r: RowResult, positions: int) -> bool:
         """Whether a decode of a window encoded at its audio's length (``positions`` encoder positions) looks

@@ -296,13 +296,12 @@ class Transcriber(Recognizer):
         looks wrong, else at the next temperature when it fails the checks), or keep it and seek on."""
         c = o.checks
         f.stats.decode.add(result.stats)
-        if f.frames < N_FRAMES and (self.suspect(result, f.memory[0].shape[1]) or self.needs_fallback(result, c)):
-            f.stats.fallbacks += 1  # decode this window again the way Whisper does: padded to 30 s
-            f.frames, f.memory = N_FRAMES, None
-            return
-        if f.attempt + 1 < len(c.temperatures) and self.needs_fallback(result, c):
+        if retry := self.retry(result, f.memory[0].shape[1], f.frames >= N_FRAMES, f.attempt, c):
             f.stats.fallbacks += 1
-            f.attempt += 1
+            if retry == "pad":  # decode this window again the way Whisper does: padded to 30 s
+                f.frames, f.memory = N_FRAMES, None
+            else:
+                f.attempt += 1
             return
         temperature = c.temperatures[f.attempt]
         f.stats.windows += 1

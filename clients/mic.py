@@ -167,7 +167,7 @@ def run_remote(url: str, source, display: LiveLine, language: str | None, api_ke
 
 
 def run_local(engine, source, display: LiveLine, language: str | None, policy: str | None = None) -> None:
-    from ..streaming.stream import StreamConfig
+    from ..streaming.config import StreamConfig
 
     sid = engine.open(StreamConfig(language=language, **({"policy": policy} if policy else {})))
     try:
@@ -176,14 +176,14 @@ def run_local(engine, source, display: LiveLine, language: str | None, policy: s
                 engine.feed(sid, source.blocks.get(timeout=0.5))
             except queue.Empty:
                 pass
-            while not source.blocks.qsize() and engine.pending():
+            while not source.blocks.qsize() and engine.poll():
                 for e in engine.step().get(sid, []):
                     display.event(e.as_dict())
                     if e.type == "error":
                         return
     except KeyboardInterrupt:
         engine.flush(sid, close=True)
-        while engine.pending():
+        while engine.poll():
             for e in engine.step().get(sid, []):
                 display.event(e.as_dict())
     finally:

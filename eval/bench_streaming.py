@@ -22,7 +22,7 @@ settings: read from serve's argument parser); ``--compute-type``, ``--step`` and
    inside the offline segment (``*_linear_*``). Words missing: offline words with no counterpart in the
    finals. Sustained = the engine's busy time stays below the stream duration (RTF < 1). Where the time
    goes (shares of the wall time): the engine's own busy time; the inference thread inside the engine
-   (``pending`` + ``step``); outside it while a stream was due (after a step, or a ``pending`` that found one)
+   (``poll`` + ``step``); outside it while a stream was due (after a step, or a ``poll`` that found one)
    and while nothing was; and per decode how long its oldest audio had waited, the step's gathering included
    (``engine.queue_wait_s``).
    The summary names the largest N with RTF < 1 and final latency median <= 3 s: to find the most
@@ -58,8 +58,10 @@ from asr_spec.models.loader import ModelOptions, load
 from asr_spec.recognizer import Recognizer
 from asr_spec.server.app import Server
 from asr_spec.server.config import ServerConfig
-from asr_spec.streaming.engine import Engine, EngineConfig, stream_audio
-from asr_spec.streaming.stream import StreamConfig
+from asr_spec.streaming.config import EngineConfig
+from asr_spec.streaming.encoding import WINDOWS
+from asr_spec.streaming.engine import Engine, stream_audio
+from asr_spec.streaming.config import StreamConfig
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,17 +204,17 @@ def largest_real_time(rows: list[dict]) -> int | None:
 # --- capacity: a real server, real clients -------------------------------------------------------------------
 
 class EngineProbe:
-    """How the server's inference thread spends its time, seen from outside (``pending`` and ``step`` wrapped;
+    """How the server's inference thread spends its time, seen from outside (``poll`` and ``step`` wrapped;
     nothing added to the engine's own accounting): inside the engine; between engine calls after a step or a
-    ``pending`` that found a stream due (the engine idle while a stream waits: delivering events, waiting for
-    the GIL); and after ``pending`` found nothing due (idle, nothing to do)."""
+    ``poll`` that found a stream due (the engine idle while a stream waits: delivering events, waiting for
+    the GIL); and after ``poll`` found nothing due (idle, nothing to do)."""
 
     def __init__(self, engine: Engine):
         self.inside_s = self.idle_due_s = self.idle_s = 0.0
         self._end: float | None = None
         self._due = False
-        pending, step = engine.pending, engine.step
-        engine.pending = lambda: self._call(pending, lambda due: due)
+        poll, step = engine.poll, engine.step
+        engine.poll = lambda: self._call(poll, lambda due: due)
         engine.step = lambda: self._call(step, lambda _: True)
 
     def _call(self, fn: Callable[[], T], due: Callable[[T], bool]) -> T:
@@ -336,8 +338,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--skip-wer", action="store_true")
     ap.add_argument("--compare-hints", action="store_true",
                     help="stream the long-form talk again without draft hints, to show what the hints save")
-    ap.add_argument("--encoder-windows", default="audio,full",
-                    help="streamed WER with the encoder on the buffer's audio (the default) and on padded 30 s windows")
+    ap.add_argument("--encoder-windows", default=WINDOWS[0],
+                    help="how streams' buffers are encoded for the WER part, comma-separated (streaming/encoding.py): "
+                    f"{', '.join(WINDOWS)} (default {WINDOWS[0]}, serve's)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="torch device, as serve's --device (cuda: serve's CUDA defaults)")
     ap.add_argument("--compute-type", default=SERVE.compute_type,
@@ -352,7 +355,7 @@ def wer_part(tr: Transcriber, items: list[dict], args: argparse.Namespace) -> di
     long_items = [json.loads(x) for x in (DEV / "longform" / "manifest.jsonl").read_text().splitlines()]
     for win in args.encoder_windows.split(","):
         # a fixed step: the load step follows the machine's speed, which would make the text depend on it
-        config, tag = EngineConfig(encoder_window=win, max_step_s=0.0), "" if win == "audio" else f"_{win}_window"
+        config, tag = EngineConfig(encoder_window=win, max_step_s=0.0), "" if win == WINDOWS[0] else f"_{win}_window"
         results["wer_dev" + tag] = streaming_wer(tr, dev, DEV, args.step, args.policy, config=config)
         print("dev", win, results["wer_dev" + tag], flush=True)
         results["wer_longform" + tag] = streaming_wer(tr, long_items, DEV / "longform", args.step, args.policy,

@@ -26,7 +26,7 @@ from asr_spec.models.loader import ModelOptions, load
 from asr_spec.recognizer import Recognizer
 from asr_spec.streaming import engine as engine_module
 from asr_spec.streaming.engine import Engine
-from asr_spec.streaming.stream import StreamConfig
+from asr_spec.streaming.config import StreamConfig
 from bench_streaming import DEV, speech  # eval/ is the script's folder
 
 
@@ -50,11 +50,11 @@ def run(engine: Engine, audios: list[np.ndarray], chunk: int = 1600) -> None:
     for start in range(0, max(map(len, audios)), chunk):
         for sid, a in zip(sids, audios):
             engine.feed(sid, a[start:start + chunk])
-        while engine.pending():
+        while engine.poll():
             engine.step()
     for sid in sids:
         engine.flush(sid, close=True)
-    while engine.pending():
+    while engine.poll():
         engine.step()
     for sid in sids:
         engine.close(sid)

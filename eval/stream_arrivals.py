@@ -15,7 +15,7 @@ from asr_spec.audio import load_audio
 from asr_spec.evaluation.metrics import normalize
 from asr_spec.models.loader import default_draft, load_draft, load_target
 from asr_spec.streaming.engine import Engine
-from asr_spec.streaming.stream import StreamConfig
+from asr_spec.streaming.config import StreamConfig
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 JFK = Path(__file__).resolve().parents[2] / "shared/data/dev/jfk-inaugural-1961-ask-not.wav"
@@ -38,10 +38,10 @@ def main() -> None:
             n = int(rng.uniform(0.2, 3.0) * 16000)
             engine.feed(sid, audio[pos:pos + n])
             pos += n
-            if engine.pending() and rng.random() < 0.8:
+            if engine.poll() and rng.random() < 0.8:
                 events += engine.step().get(sid, [])
         engine.flush(sid, close=True)
-        while engine.pending():
+        while engine.poll():
             events += engine.step().get(sid, [])
         engine.close(sid)
         streamed = " ".join(e.text for e in events if e.type == "final" and e.text)

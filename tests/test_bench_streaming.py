@@ -100,17 +100,17 @@ def test_largest_real_time(bench):
 
 
 def test_engine_probe_splits_the_inference_threads_time(bench):
-    engine = SimpleNamespace(pending=lambda: (time.sleep(0.01), bool(due))[1], step=lambda: time.sleep(0.05) or {})
+    engine = SimpleNamespace(poll=lambda: (time.sleep(0.01), bool(due))[1], step=lambda: time.sleep(0.05) or {})
     probe = bench.EngineProbe(engine)
     due = [1]
-    engine.pending()  # due: the next gap is idle while a stream waits
+    engine.poll()  # due: the next gap is idle while a stream waits
     time.sleep(0.04)
     engine.step()
     time.sleep(0.02)  # after a step: still work waiting
     due.clear()
-    engine.pending()  # nothing due: the next gap is idle
+    engine.poll()  # nothing due: the next gap is idle
     time.sleep(0.08)
-    engine.pending()
+    engine.poll()
     assert probe.idle_due_s == pytest.approx(0.06, abs=0.02)
     assert probe.idle_s == pytest.approx(0.08, abs=0.02)
     assert probe.inside_s == pytest.approx(0.08, abs=0.02)

@@ -222,7 +222,7 @@ def test_serve_defaults_are_the_engines_and_the_measured_ones(monkeypatch):
     import asr_spec.models.compute as compute
     from asr_spec.cli import _real_time_sessions, _serve_threads, build_parser, max_batch
     from asr_spec.streaming import MAX_STEP_S
-    from asr_spec.streaming.stream import StreamConfig
+    from asr_spec.streaming.config import StreamConfig
 
     args = build_parser().parse_args(["serve"])
     assert (args.step, args.max_step, args.commit_policy) == (StreamConfig.step_s, MAX_STEP_S,

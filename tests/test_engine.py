@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 from asr_spec.recognizer import Recognizer
-from asr_spec.streaming.engine import Engine, EngineConfig
-from asr_spec.streaming.stream import StreamConfig
+from asr_spec.streaming.config import EngineConfig
+from asr_spec.streaming.engine import Engine
+from asr_spec.streaming.config import StreamConfig
 
 
 def _noise(seconds: float, seed: int) -> np.ndarray:
@@ -21,7 +22,7 @@ def test_streams_nearly_due_join_a_batch_that_decodes_anyway(tiny_target):
         due, near, fresh = (engine.open(config) for _ in range(3))
         for sid, seconds in ((due, 0.5), (near, 0.3), (fresh, 0.1)):
             engine.feed(sid, _noise(seconds, sid))
-        assert engine.pending()
+        assert engine.poll()
         engine.step()
         assert engine.decodes == together, share
         assert [engine.stream_stats(sid)["decodes"] for sid in (due, near, fresh)] == [1, together - 1, 0]

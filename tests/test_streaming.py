@@ -13,7 +13,9 @@ from asr_spec.audio import load_audio
 from asr_spec.decoding.speculative import RowResult, RowStats
 from asr_spec.models.loader import default_draft, load_draft
 from asr_spec.streaming.engine import Engine, stream_audio
-from asr_spec.streaming.stream import Stream, StreamConfig
+from asr_spec.streaming.config import StreamConfig
+from asr_spec.streaming.request import Decoded
+from asr_spec.streaming.stream import Stream
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 pytestmark = pytest.mark.slow  # a real server, browser, subprocess or real weights
@@ -163,33 +165,6 @@ def test_a_looped_or_overrunning_decode_is_suspect(transcriber):
     assert not transcriber.suspect(row([tb] + phrase + encode(" and") + phrase), positions=250)
 
 
-def test_a_final_whose_text_ends_early_commits_only_what_was_said(transcriber):
-    """A final decode that stops (its last timestamp) a second or more before the audio it heard ends commits
-    up to that timestamp and decodes the rest again, instead of dropping the words after it (8 fast senders:
-    a 28.8 s stream lost "in letters which are an exact imitation" at its end)."""
-    tb, tokenizer = transcriber.vocab.timestamp_begin, transcriber.target.tokenizer
-    said = tokenizer.encode(" The aforesaid Gutenberg Bible is printed")
-
-    def closed_stream() -> Stream:
-        s = Stream(StreamConfig(vad=False), tokenizer)
-        s.feed(np.zeros(20 * 16000, np.float32))
-        s.flush(close=True)
-        assert s.due() == "final"
-        return s
-
-    s = closed_stream()
-    events = s.apply(s.request("final"), RowResult([tb] + said + [tb + 250], -1.0, 0.0, RowStats()))  # ends at 5 s
-    assert [e.text for e in events if e.type == "final"] == ["The aforesaid Gutenberg Bible is printed"]
-    assert s.start == pytest.approx(5.0) and s.buffer_s == pytest.approx(15.0) and s.flushes == 0
-    assert s.due() == "final"  # the other 15 s are decoded again
-    s.apply(s.request("final"), RowResult([], -1.0, 0.0, RowStats()))
-    assert s.buffer_s == 0 and s.flushes == 1 and s.stats.decoded_s == pytest.approx(20.0)
-
-    s = closed_stream()  # text to within a second of the end: everything is committed at once
-    s.apply(s.request("final"), RowResult([tb] + said + [tb + 975], -1.0, 0.0, RowStats()))
-    assert s.buffer_s == 0 and s.flushes == 1
-
-
 def test_an_utterance_ended_by_silence_decodes_only_what_it_commits(transcriber):
     """The JFK clip's first 3.3 s end in the pause after "Americans" plus the quiet onset of "ask", which voice
     detection does not flag. The final of that utterance is decoded only up to half the silence past the last
@@ -202,10 +177,10 @@ def test_an_utterance_ended_by_silence_decodes_only_what_it_commits(transcriber)
     cuts = [0, int(3.304 * 16000)] + list(range(int(5.104 * 16000), len(audio), 2 * 16000)) + [len(audio)]
     for a, b in zip(cuts, cuts[1:]):
         engine.feed(sid, audio[a:b])
-        while engine.pending():
+        while engine.poll():
             events += engine.step().get(sid, [])
     engine.flush(sid, close=True)
-    while engine.pending():
+    while engine.poll():
         events += engine.step().get(sid, [])
     engine.close(sid)
     finals = [e for e in events if e.type == "final" and e.text]
@@ -213,97 +188,3 @@ def test_an_utterance_ended_by_silence_decodes_only_what_it_commits(transcriber)
     assert finals[0].end < 3.0  # the first utterance ends inside the pause
     offline = transcriber.transcribe(audio, TranscribeOptions(language="en")).text
     assert normalize(" ".join(e.text for e in finals)) == normalize(offline)
-
-
-def test_finals_say_how_they_join_the_text_before_them(transcriber):
-    """A final that begins with punctuation joins the previous one without a space ("movable type, the", not
-    "movable type , the"); the first final and text in a new sentence say so too."""
-    tb, tokenizer = transcriber.vocab.timestamp_begin, transcriber.target.tokenizer
-    s = Stream(StreamConfig(vad=False), tokenizer)
-    s.feed(np.zeros(20 * 16000, np.float32))
-    s.flush(close=True)
-    finals = []
-    for text, end in ((" movable type", 100), (", the press", 200), (" And so it began.", 300)):
-        assert s.due() == "final"
-        finals += [e for e in s.apply(s.request("final"), RowResult([tb] + tokenizer.encode(text) + [tb + end], -1.0,
-                                                                    0.0, RowStats())) if e.type == "final"]
-    assert [(e.join, e.text) for e in finals] == [("", "movable type"), ("", ", the press"), (" ", "And so it began.")]
-    assert "".join(e.join + e.text for e in finals) == "movable type, the press And so it began."
-    assert all("join" in e.as_dict() for e in finals)
-
-
-def test_alignatt_commits_the_words_the_audio_already_supports(transcriber):
-    """One decode commits the words whose aligned audio ends at least the margin before the decoded audio does,
-    never the last word; the rest is the partial and the next decode's hint. LocalAgreement commits nothing
-    from a first decode."""
-    from asr_spec.alignment import Word
-
-    tb, tokenizer = transcriber.vocab.timestamp_begin, transcriber.target.tokenizer
-    said = tokenizer.encode(" ask not what your country")
-    ends = {" ask": 0.5, " not": 1.0, " what": 1.6, " your": 2.7, " country": 2.9}  # decoded audio: 3 s
-
-    def aligner(before: list[int], tokens: list[int]) -> list[Word]:
-        return [Word(w, e - 0.3, e, 0.9, len(tokenizer.encode(w))) for w, e in ends.items()]
-
-    for policy, committed in (("alignatt", "ask not what"), ("local-agreement", "")):
-        s = Stream(StreamConfig(vad=False, policy=policy), tokenizer)
-        s.feed(np.zeros(3 * 16000, np.float32))
-        assert s.due() == "partial"
-        events = s.apply(s.request("partial"), RowResult([tb] + said, -0.1, 0.0, RowStats()), aligner=aligner)
-        finals = [e.text for e in events if e.type == "final"]
-        assert finals == ([committed] if committed else []), (policy, finals)
-        assert tokenizer.decode(s.previous).strip() == ("your country" if committed else "ask not what your country")
-        assert [e.text for e in events if e.type == "partial"] == [tokenizer.decode(s.previous).strip()]
-
-
-def test_alignatt_waits_longer_for_a_word_it_is_unsure_of(transcriber):
-    """A word the target is unsure of (probability below 0.8) is committed only once 3 s of audio follow it, and
-    nothing after it before that: Whisper's early mistakes ("their" for "there") are such words. Commits never
-    end before closing punctuation."""
-    from asr_spec.alignment import Word
-
-    tb, tokenizer = transcriber.vocab.timestamp_begin, transcriber.target.tokenizer
-    said = tokenizer.encode(" ask not, what your country")
-    ends = {" ask": 0.5, " not,": 1.0, " what": 1.6, " your": 2.7, " country": 2.9}
-
-    def run(seconds: float, unsure: str) -> list[str]:
-        def aligner(before: list[int], tokens: list[int]) -> list[Word]:
-            return [Word(w, e - 0.3, e, 0.75 if w == unsure else 0.9, len(tokenizer.encode(w))) for w, e in ends.items()]
-
-        s = Stream(StreamConfig(vad=False), tokenizer)
-        s.feed(np.zeros(int(seconds * 16000), np.float32))
-        assert s.due() == "partial"
-        events = s.apply(s.request("partial"), RowResult([tb] + said, -0.1, 0.0, RowStats()), aligner=aligner)
-        return [e.text for e in events if e.type == "final"]
-
-    assert run(3.0, "") == ["ask not, what"]
-    assert run(3.0, " not,") == ["ask"]  # "not," ends 2.0 s before the audio does: not yet
-    assert run(4.0, " not,") == ["ask not, what your"]  # 3 s after it: committed, and what the margin allows after it
-    assert run(3.0, " ask") == []
-    s = Stream(StreamConfig(), tokenizer)
-    comma, what = tokenizer.encode(",")[0], tokenizer.encode(" what")[0]
-    assert not s._boundary(comma) and s._boundary(what) and s._boundary(tb)
-
-
-def test_a_full_buffer_cut_inside_speech_is_committed_up_to_a_word_end(transcriber):
-    """A 24 s buffer whose decode ends in one segment closed at the buffer's end (speech goes on: its last word is
-    likely cut short) is committed up to the last aligned word ending 1 s before the end, and only that audio
-    leaves the buffer; the rest is decoded again."""
-    from asr_spec.alignment import Word
-
-    tb, tokenizer = transcriber.vocab.timestamp_begin, transcriber.target.tokenizer
-    words = [f" w{i}" for i in range(12)]
-    tokens = [tb] + [t for w in words for t in tokenizer.encode(w)] + [tb + 1200]  # one segment, 0-24 s
-
-    def aligner(before: list[int], toks: list[int]) -> list[Word]:
-        return [Word(w, 2.0 * i, 2.0 * i + 1.9, 0.9, len(tokenizer.encode(w))) for i, w in enumerate(words)]
-
-    s = Stream(StreamConfig(vad=False), tokenizer)
-    s.feed(np.zeros(24 * 16000, np.float32))
-    assert s.due() == "window"
-    events = s.apply(s.request("window"), RowResult(tokens, -0.1, 0.0, RowStats()), aligner=aligner)
-    finals = [e for e in events if e.type == "final"]
-    assert [e.text for e in finals] == [" ".join(w.strip() for w in words[:11])]  # w11 ends at 23.9 s: kept
-    assert s.start == pytest.approx(21.9) and s.buffer_s == pytest.approx(2.1)
-    assert s.stats.decoded_s == pytest.approx(21.9)
-    assert tokenizer.decode([t for t in s.previous if t < transcriber.vocab.eot]).strip() == "w11"

@@ -93,7 +93,7 @@ def closed_event(events: list[dict]) -> dict:
 def wait_idle(server, seconds: float) -> float:
     """Seconds until the engine has no stream and nothing due; fails after ``seconds``."""
     t0 = time.monotonic()
-    while server.engine.snapshot() or server.engine.pending():
+    while server.engine.snapshot() or server.engine.poll():
         assert time.monotonic() - t0 < seconds, f"engine still busy: {server.engine.snapshot()}"
         time.sleep(0.05)
     return time.monotonic() - t0

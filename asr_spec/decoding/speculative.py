@@ -104,7 +104,8 @@ class DecodingTask:
     lists are indexed by the row's place in ``requests``."""
 
     def __init__(self, decoders: Decoders, memories: tuple[torch.Tensor, torch.Tensor | None],
-                 requests: list[Request], options: DecodeOptions):
+                 requests: list[Request], options: DecodeOptions,
+                 cross: tuple[CrossKV | None, CrossKV | None] = (None, None)):
         o = self.o = options
         self.target = decoders.target
         self.draft = decoders.draft if o.k > 0 else None
@@ -121,12 +122,13 @@ class DecodingTask:
         lengths = None
         if any(r.memory_length is not None for r in requests):
             lengths = [memories[0].shape[1] if r.memory_length is None else r.memory_length for r in requests]
-        self.t_cache = self.target.new_cache(memories[0], capacity, lengths)
+        self.t_cache = self.target.new_cache(memories[0], capacity, lengths, cross[0])
         self.cross = (self.t_cache.cross_k, self.t_cache.cross_v, lengths) if o.keep_cross else None
         # the draft's cache is built on its first pass: a decode whose passes are all measured to pay best without
         # the draft (K = 0) costs what target-only decoding does
         self.d_cache = None
         self.d_memory = self._draft_view(memories[1], lengths), capacity
+        self.d_cross = cross[1]
         self.seq = torch.full((b, capacity), o.eot, dtype=torch.long, device=dev)
         for i, p in enumerate(self.prompts):
             self.seq[i, : len(p)] = torch.tensor(p)
@@ -226,8 +228,10 @@ class DecodingTask:
         if self.d_cache is None:  # the first draft pass: the draft catches up on every token from position 0
             (memory, lengths), capacity = self.d_memory
             rows = torch.tensor(self.live, dtype=torch.long, device=memory.device)
+            cross = None if self.d_cross is None else \
+                tuple([t[:, :, :memory.shape[1]].index_select(0, rows) for t in ts] for ts in self.d_cross)
             self.d_cache = draft.new_cache(memory.index_select(0, rows), capacity,
-                                           [lengths[r] for r in self.live] if lengths else None)
+                                           [lengths[r] for r in self.live] if lengths else None, cross)
         width = int((n - self.dn).max())
         fpos = ((n - width)[:, None] + torch.arange(width, device=self.dev)).clamp(min=0)
         feed = self.seq.gather(1, fpos)
@@ -345,10 +349,12 @@ class DecodingTask:
 
 @torch.inference_mode()
 def speculative_decode(decoders: Decoders, memories: tuple[torch.Tensor, torch.Tensor | None],
-                       requests: list[Request], options: DecodeOptions) -> list[RowResult]:
+                       requests: list[Request], options: DecodeOptions,
+                       cross: tuple[CrossKV | None, CrossKV | None] = (None, None)) -> list[RowResult]:
     """Decode one continuation per request. ``memories`` are the encoder outputs [B, S, D] the target and the
     draft cross-attend to (rows padded together when their ``memory_length`` differ). A pass drafts at most
     ``options.k`` tokens (fewer when ``decoders.costs`` measures fewer to pay, or the draft's belief falls
     below ``stop_below``); while every live row still follows its ``hint``, passes verify hint tokens
-    instead (free drafts). The target verifies whatever was proposed, so none of this changes the output."""
-    return DecodingTask(decoders, memories, requests, options).run()
+    instead (free drafts). The target verifies whatever was proposed, so none of this changes the output. ``cross``:
+    the target's and the draft's cross-attention keys and values of ``memories``, where computed before."""
+    return DecodingTask(decoders, memories, requests, options, cross).run()

@@ -159,6 +159,17 @@ INT8_MODES: dict[str, Linear] = {"rows": Int8, "tensor": lambda weight, bias=Non
 
 CrossKV = tuple[list[torch.Tensor], list[torch.Tensor]]  # per layer cross-attention keys, values [B, H, S, Dh]
 
+
+
+def stack_cross(rows: list[CrossKV]) -> CrossKV:
+    """Rows' cross-attention keys and values [1, H, S_i, Dh] as one batch [B, H, max S, Dh] (zeros after each row's
+    length: give the rows their lengths so that attention masks them)."""
+    longest = max(r[0][0].shape[2] for r in rows)
+    pad = lambda t: F.pad(t, (0, 0, 0, longest - t.shape[2]))  # noqa: E731
+    return tuple([torch.cat([pad(r[part][layer]) for r in rows]) for layer in range(len(rows[0][0]))]
+                 for part in (0, 1))
+
+
 # Exact rows: torch's CPU attention kernel takes another path for 1-3 queries than for 4 or more, and blocks the keys
 # by their count, so a position's numbers would depend on how many positions a pass feeds and how long the cache
 # looks. Passes of an exact decoder give attention at least EXACT_QUERIES queries (zero rows added) and the whole
@@ -239,16 +250,12 @@ class StaticDecoder:
         ``lengths[b]`` encoder positions (memories of different lengths padded to S). ``cross``: the
         cross-attention keys and values of ``encoder_out`` computed before (a decode's, kept)."""
         b = encoder_out.shape[0]
-        encoder_out = encoder_out.to(self.dtype)
         if self.exact:
             capacity = max(capacity, EXACT_KEYS)
-        cross_k, cross_v, self_k, self_v = [], [], [], []
-        for i, layer in enumerate(self.layers):
-            h, dh = layer.heads, layer.ca.k_proj.out_features // layer.heads
-            split = lambda t: t.view(b, -1, h, dh).transpose(1, 2).contiguous()  # noqa: E731
-            cross_k.append(cross[0][i] if cross else split(layer.ca_k(encoder_out)))
-            cross_v.append(cross[1][i] if cross else split(layer.ca_v(encoder_out)))
-            empty = encoder_out.new_zeros(b, h, capacity, dh)
+        cross_k, cross_v = cross or self.cross_kv(encoder_out)
+        self_k, self_v = [], []
+        for k in cross_k:
+            empty = k.new_zeros(b, k.shape[1], capacity, k.shape[3])
             self_k.append(empty)
             self_v.append(empty.clone())
         mask = None
@@ -256,6 +263,20 @@ class StaticDecoder:
             mask = (torch.arange(encoder_out.shape[1], device=encoder_out.device)[None, :]
                     < torch.tensor(lengths, device=encoder_out.device)[:, None])[:, None, None, :]
         return KVCache(self_k, self_v, cross_k, cross_v, mask)
+
+    @torch.inference_mode()
+    def cross_kv(self, encoder_out: torch.Tensor) -> CrossKV:
+        """The cross-attention keys and values of encoder outputs [B, S, D], per layer [B, H, S, Dh]. A position's
+        depend on its own output only, so a growing buffer's can be computed a piece at a time (streaming)."""
+        b = encoder_out.shape[0]
+        encoder_out = encoder_out.to(self.dtype)
+        keys, values = [], []
+        for layer in self.layers:
+            h, dh = layer.heads, layer.ca.k_proj.out_features // layer.heads
+            split = lambda t: t.view(b, -1, h, dh).transpose(1, 2).contiguous()  # noqa: E731
+            keys.append(split(layer.ca_k(encoder_out)))
+            values.append(split(layer.ca_v(encoder_out)))
+        return keys, values
 
     @torch.inference_mode()
     def __call__(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,

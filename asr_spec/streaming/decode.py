@@ -1,0 +1,124 @@
+"""One engine step's decode: the requests of several streams, encoded each at its own length and decoded as one
+ragged speculative batch, with Whisper's temperature fallback and AlignAtt's word alignment.
+
+A row encoded shorter than half a window that looks looped, or (a committing row) fails Whisper's checks, is decoded
+again on Whisper's padded 30 s window, and a committing row that still fails them climbs the temperature ladder:
+``Recognizer.retry`` decides, as it does for files. AlignAtt's rows have their continuations aligned together, in
+one pass of the target decoder over the cross-attention keys and values the decode kept.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from functools import partial
+
+import torch
+
+from ..alignment import Alignment, Word, align, align_many
+from ..decoding.speculative import SAMPLE_LEN, RowResult
+from ..features import HOP, N_FRAMES, SAMPLE_RATE
+from ..models.kv_decoder import CrossKV, stack_cross
+from ..recognizer import Recognizer, pad_memories
+from .config import EngineConfig
+from .encoding import Encoded, encode_whole
+from .events import Aligner
+from .request import Decoded, Request
+
+log = logging.getLogger(__name__)
+
+
+def decode_apart(rec: Recognizer, requests: list[Request], config: EngineConfig) -> list[Decoded | Exception]:
+    """:func:`decode_batch`; if the batch raises, each request alone, so that a request that cannot be decoded fails
+    by itself (its exception in its place) instead of failing, and being retried with, every batch."""
+    try:
+        return decode_batch(rec, requests, config)
+    except Exception as e:  # noqa: BLE001 - isolated below, reported to the one stream
+        if len(requests) == 1:
+            log.exception("decoding a stream failed")
+            return [e]
+    return [out for r in requests for out in decode_apart(rec, [r], config)]
+
+
+def encode(rec: Recognizer, request: Request, config: EngineConfig) -> Encoded:
+    if request.encoder is not None and config.encoder_window == "stream":
+        return request.encoder.encode(request.audio, request.start)
+    return encode_whole(rec, request.audio, full=config.encoder_window == "full")
+
+
+@torch.inference_mode()
+def decode_batch(rec: Recognizer, requests: list[Request], c: EngineConfig) -> list[Decoded]:
+    encoded = [encode(rec, r, c) for r in requests]
+    lengths = [e.positions for e in encoded]
+    memories = (pad_memories([e.memory for e in encoded]),
+                pad_memories([e.draft_memory for e in encoded]) if encoded[0].draft_memory is not None else None)
+    cross = (_stacked([e.cross for e in encoded]), _stacked([e.draft_cross for e in encoded]))
+    languages = [r.language for r in requests]
+    if rec.vocab.multilingual and None in languages:
+        detected = rec.detect_language(memories[0], lengths)
+        languages = [lang or d for lang, d in zip(languages, detected)]
+    rows = [replace(rec.prompt(r.context, lang, r.task, timestamps=True), prefix=r.prefix, hint=r.hint,
+                    sample_len=min(SAMPLE_LEN, len(r.prefix) + 16 + int(c.tokens_per_s * len(r.audio) / SAMPLE_RATE)))
+            for r, lang in zip(requests, languages)]
+    decode = partial(rec.decode, k=c.k, draft_stop=c.draft_stop, seed=c.checks.seed, keep_cross=True)
+    short = [n < N_FRAMES // 2 for n in lengths]  # a looped decode of such a row is decoded again on 30 s
+    results = decode(memories, [replace(row, memory_length=n, give_up=partial(rec.looping, positions=n) if s else None)
+                                for row, n, s in zip(rows, lengths, short)], cross=cross)
+    memory, fallbacks = [], []
+    for i, r in enumerate(requests):
+        own, padded, attempt, tries = encoded[i], not short[i], 0, 0
+        while retry := rec.retry(results[i], own.positions, padded, attempt, c.checks, ladder=r.final):
+            tries += 1
+            if retry == "pad":  # looped, or failed the checks: decode it again as Whisper would, on 30 s
+                own, padded = encode_whole(rec, r.audio, full=True), True
+            else:
+                attempt += 1
+            results[i] = decode((own.memory, own.draft_memory), [replace(rows[i], key=(attempt,))],
+                                c.checks.temperatures[attempt], cross=(own.cross, own.draft_cross))[0]
+        memory.append(own.memory)
+        fallbacks.append(tries)
+    words = _align_continuations(rec, requests, results, memory, languages)
+    return [Decoded(result, lang, not rec.needs_fallback(result, c.checks), tries,
+                    _aligner(rec, r, mem, lang, result, known) if r.timed else None)
+            for r, result, mem, lang, tries, known in zip(requests, results, memory, languages, fallbacks, words)]
+
+
+def _stacked(rows: list[CrossKV | None]) -> CrossKV | None:
+    return stack_cross(rows) if rows and all(r is not None for r in rows) else None
+
+
+def _aligner(rec: Recognizer, request: Request, memory: torch.Tensor, language: str | None, result: RowResult,
+             known: dict[tuple, list[Word]]) -> Aligner:
+    """Times words of a decode's tokens, Whisper's way (``align``), over the audio they were decoded from, in seconds
+    from its start; the ``before`` tokens decoded ahead of them in that audio are aligned with them (their audio
+    comes first) and their words dropped. ``known``: what the batch aligned already (AlignAtt's continuations)."""
+    def words(before: list[int], tokens: list[int]) -> list[Word]:
+        if (found := known.get((tuple(before), tuple(tokens)))) is not None:
+            return found
+        try:
+            return align(rec.target, memory, len(request.audio) // HOP, language, request.task, [before, tokens],
+                         result.cross, scored=1)[1]
+        except Exception:  # noqa: BLE001 - the final goes out without word times rather than not at all
+            log.exception("aligning words failed")
+            return []
+    return words
+
+
+def _align_continuations(rec: Recognizer, requests: list[Request], results: list[RowResult],
+                         memory: list[torch.Tensor], languages: list[str | None]) -> list[dict[tuple, list[Word]]]:
+    """The words of each aligning request's continuation after its prefix (what AlignAtt commits from), all rows in
+    one pass of the target decoder; {(prefix, continuation): its words} per request."""
+    rows = [i for i, r in enumerate(requests) if r.aligns]
+    out: list[dict[tuple, list[Word]]] = [{} for _ in requests]
+    if not rows:
+        return out
+    cont = {i: results[i].tokens[len(requests[i].prefix):] for i in rows}
+    windows = [Alignment(memory[i], len(requests[i].audio) // HOP, languages[i], requests[i].task,
+                         [requests[i].prefix, cont[i]], results[i].cross, scored=1) for i in rows]
+    try:
+        words = align_many(rec.target, windows)
+    except Exception:  # noqa: BLE001 - each row is aligned on its own when asked
+        log.exception("aligning words failed")
+        return out
+    for i, w in zip(rows, words):
+        out[i][(tuple(requests[i].prefix), tuple(cont[i]))] = w[1]
+    return out

@@ -1,0 +1,103 @@
+"""A stream's audio on its way in: received audio queued, then moved into the buffer with voice activity detection.
+
+``feed`` only queues (a fast sender costs the receiving thread nothing); ``listen`` — run by the engine's thread,
+so that detection never competes with a decode for the CPU — moves the queue into the buffer and detects voice.
+Every sample received leaves the buffer exactly once (``drop``), decoded or skipped as silence.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..audio import SAMPLE_RATE
+from ..vad import VoiceActivity
+from .events import StreamStats
+
+
+class Intake:
+    def __init__(self, stats: StreamStats, vad: bool, threshold: float, preroll_s: float):
+        self.stats = stats
+        self.vad = VoiceActivity(threshold) if vad else None
+        self.preroll_s = preroll_s
+        self.audio = np.zeros(0, dtype=np.float32)  # the buffer
+        self.start = 0.0  # stream time of audio[0]
+        self.speech = not vad  # speech somewhere in the buffer
+        self.last_voiced = -1.0  # stream time of the end of the last voiced chunk
+        self.silence_s = 0.0  # trailing non-speech
+        self.since_decode = 0.0  # audio seconds since the audio of the last decode request
+        self.waiting_since: float | None = None  # wall time of the oldest audio not yet in a decode request
+        self._queued: list[np.ndarray] = []  # received, not yet listened to
+        self._queued_s = 0.0
+
+    def feed(self, audio: np.ndarray) -> None:
+        audio = np.asarray(audio, dtype=np.float32)
+        self._queued.append(audio)
+        self._queued_s += len(audio) / SAMPLE_RATE
+        self.stats.audio_s += len(audio) / SAMPLE_RATE
+        if self.waiting_since is None and len(audio):
+            self.waiting_since = time.monotonic()
+
+    def listen(self, keep_silence: bool) -> None:
+        """Move queued audio into the buffer, detecting voice in it. While the buffer holds no speech (and
+        ``keep_silence`` is false: nothing in it is committed) only a short pre-roll of it is kept."""
+        if not self._queued:
+            return
+        audio = np.concatenate(self._queued)
+        self._queued, self._queued_s = [], 0.0
+        self.audio = np.concatenate([self.audio, audio])
+        self.since_decode += len(audio) / SAMPLE_RATE
+        if self.vad is None:
+            return
+        flags = self.vad(audio)
+        chunk_s = VoiceActivity.CHUNK / SAMPLE_RATE
+        end = self.end
+        for i, voiced in enumerate(flags):
+            if voiced:
+                self.speech, self.silence_s = True, 0.0
+                self.last_voiced = end - (len(flags) - 1 - i) * chunk_s
+            else:
+                self.silence_s += chunk_s
+        if not self.speech and not keep_silence:
+            keep = int(self.preroll_s * SAMPLE_RATE)
+            if len(self.audio) > keep:
+                self.drop(len(self.audio) - keep, decoded=False)
+            self.since_decode = 0.0
+            self.waiting_since = None
+
+    def taken(self) -> float:
+        """A decode request takes the buffer now: returns how long its oldest audio waited (seconds)."""
+        self.since_decode = 0.0  # audio arriving while the decode runs counts toward the next one
+        waited = time.monotonic() - self.waiting_since if self.waiting_since is not None else 0.0
+        self.waiting_since = None
+        return waited
+
+    def drop(self, samples: int, decoded: bool = True) -> None:
+        """Remove the first ``samples`` of the buffer (they were decoded, or skipped as silence)."""
+        samples = min(samples, len(self.audio))
+        self.audio = self.audio[samples:]
+        self.start += samples / SAMPLE_RATE
+        if decoded:
+            self.stats.decoded_s += samples / SAMPLE_RATE
+        else:
+            self.stats.skipped_s += samples / SAMPLE_RATE
+
+    def utterance_done(self) -> None:
+        """After an utterance's final: speech is in the buffer only if voice was detected after its new start."""
+        self.speech = self.vad is None or self.last_voiced > self.start
+        if not self.speech:
+            self.silence_s = 0.0
+
+    @property
+    def buffer_s(self) -> float:
+        return len(self.audio) / SAMPLE_RATE
+
+    @property
+    def end(self) -> float:
+        """Stream time of the buffer's end."""
+        return self.start + self.buffer_s
+
+    @property
+    def backlog_s(self) -> float:
+        """Audio received but not yet committed or skipped (what a fast sender has queued)."""
+        return self.buffer_s + self._queued_s

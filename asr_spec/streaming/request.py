@@ -1,0 +1,45 @@
+"""What a stream asks the engine to decode, and what it gets back."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..decoding.speculative import RowResult
+from .encoding import BufferEncoder
+from .events import Aligner
+
+KINDS = ("partial", "window", "final")
+
+
+@dataclass
+class Request:
+    """One re-decode of a stream: its audio, prompt context and forced prefix."""
+    audio: np.ndarray
+    start: float  # stream time of audio[0] (the buffer's start)
+    context: list[int]
+    language: str | None
+    task: str
+    prefix: list[int]
+    hint: list[int]
+    # "partial" (re-decode), "window" (commit the first 30 s up to a segment end), "final" (commit all)
+    kind: str
+    waited_s: float = 0.0  # how long the stream's oldest undecoded audio had waited when this was requested
+    aligns: bool = False  # its continuation will be aligned (AlignAtt): the engine aligns such rows together
+    timed: bool = False  # words of it may be timed (AlignAtt, word timestamps): its result comes with an aligner
+    encoder: BufferEncoder | None = None  # the stream's encoder state (EngineConfig.encoder_window "stream")
+
+    @property
+    def final(self) -> bool:
+        return self.kind != "partial"
+
+
+@dataclass
+class Decoded:
+    """A request's decode. ``reliable`` is false when it failed Whisper's hallucination checks even after the
+    temperature fallback (``fallbacks`` decodes again); ``aligner`` times words of it (AlignAtt, word timestamps)."""
+    result: RowResult
+    language: str | None = None
+    reliable: bool = True
+    fallbacks: int = 0
+    aligner: Aligner | None = None

@@ -1,0 +1,165 @@
+"""A stream's commits and events, driven by hand-made decode results (fast: the tiny model's real tokenizer, no
+weights): what a final commits and leaves in the buffer, how finals join, what each policy commits."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from asr_spec.alignment import Word
+from asr_spec.decoding.speculative import RowResult, RowStats
+from asr_spec.streaming.config import StreamConfig
+from asr_spec.streaming.request import Decoded
+from asr_spec.streaming.stream import Stream
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_target):
+    return tiny_target.tokenizer
+
+
+def _stream(tokenizer, seconds: float, close: bool = False, **config) -> Stream:
+    s = Stream(StreamConfig(vad=False, **config), tokenizer)
+    s.feed(np.zeros(int(seconds * 16000), np.float32))
+    if close:
+        s.flush(close=True)
+    s.listen()
+    return s
+
+
+def _result(tokens: list[int]) -> RowResult:
+    return RowResult(tokens, -0.1 * (len(tokens) + 1), 0.0, RowStats())
+
+
+def _aligner(tokenizer, ends: dict[str, float], unsure: str = ""):
+    def words(before: list[int], tokens: list[int]) -> list[Word]:
+        return [Word(w, e - 0.3, e, 0.75 if w == unsure else 0.9, len(tokenizer.encode(w))) for w, e in ends.items()]
+    return words
+
+
+def test_a_final_whose_text_ends_early_commits_only_what_was_said(tokenizer):
+    """A final decode that stops (its last timestamp) a second or more before the audio it heard ends commits
+    up to that timestamp and decodes the rest again, instead of dropping the words after it (8 fast senders:
+    a 28.8 s stream lost "in letters which are an exact imitation" at its end)."""
+    tb = tokenizer.vocab.timestamp_begin
+    said = tokenizer.encode(" The aforesaid Gutenberg Bible is printed")
+    s = _stream(tokenizer, 20, close=True)
+    assert s.due() == "final"
+    events = s.apply(s.request("final"), Decoded(_result([tb] + said + [tb + 250])))  # ends at 5 s
+    assert [e.text for e in events if e.type == "final"] == ["The aforesaid Gutenberg Bible is printed"]
+    assert s.intake.start == pytest.approx(5.0) and s.intake.buffer_s == pytest.approx(15.0) and s.flushes == 0
+    assert s.due() == "final"  # the other 15 s are decoded again
+    s.apply(s.request("final"), Decoded(_result([])))
+    assert s.intake.buffer_s == 0 and s.flushes == 1 and s.stats.decoded_s == pytest.approx(20.0)
+
+    s = _stream(tokenizer, 20, close=True)  # text to within a second of the end: everything is committed at once
+    s.apply(s.request("final"), Decoded(_result([tb] + said + [tb + 975])))
+    assert s.intake.buffer_s == 0 and s.flushes == 1
+
+
+def test_finals_say_how_they_join_the_text_before_them(tokenizer):
+    """A final that begins with punctuation joins the previous one without a space ("movable type, the", not
+    "movable type , the"); the first final and text in a new sentence say so too."""
+    tb = tokenizer.vocab.timestamp_begin
+    s = _stream(tokenizer, 20, close=True)
+    finals = []
+    for text, end in ((" movable type", 100), (", the press", 200), (" And so it began.", 300)):
+        assert s.due() == "final"
+        finals += [e for e in s.apply(s.request("final"), Decoded(_result([tb] + tokenizer.encode(text) + [tb + end])))
+                   if e.type == "final"]
+    assert [(e.join, e.text) for e in finals] == [("", "movable type"), ("", ", the press"), (" ", "And so it began.")]
+    assert "".join(e.join + e.text for e in finals) == "movable type, the press And so it began."
+    assert all("join" in e.as_dict() for e in finals)
+
+
+def test_alignatt_commits_the_words_the_audio_already_supports(tokenizer):
+    """One decode commits the words whose aligned audio ends at least the margin before the decoded audio does,
+    never the last word; the rest is the partial and the next decode's hint. LocalAgreement commits nothing
+    from a first decode, and what two decodes agree on from a second."""
+    tb = tokenizer.vocab.timestamp_begin
+    said = tokenizer.encode(" ask not what your country")
+    aligner = _aligner(tokenizer, {" ask": 0.5, " not": 1.0, " what": 1.6, " your": 2.7, " country": 2.9})
+    for policy, committed in (("alignatt", "ask not what"), ("local-agreement", "")):
+        s = _stream(tokenizer, 3, policy=policy)
+        assert s.due() == "partial"
+        events = s.apply(s.request("partial"), Decoded(_result([tb] + said), aligner=aligner))
+        finals = [e.text for e in events if e.type == "final"]
+        assert finals == ([committed] if committed else []), (policy, finals)
+        assert tokenizer.decode(s.previous).strip() == ("your country" if committed else "ask not what your country")
+        assert [e.text for e in events if e.type == "partial"] == [tokenizer.decode(s.previous).strip()]
+    s.feed(np.zeros(8000, np.float32))
+    s.listen()
+    events = s.apply(s.request("partial"), Decoded(_result([tb] + tokenizer.encode(" ask not what you can"))))
+    assert [e.text for e in events if e.type == "final"] == ["ask not what"]  # agreed with the first decode
+
+
+def test_alignatt_waits_longer_for_a_word_it_is_unsure_of(tokenizer):
+    """A word the target is unsure of (probability below 0.8) is committed only once 3 s of audio follow it, and
+    nothing after it before that: Whisper's early mistakes ("their" for "there") are such words. Commits never
+    end before closing punctuation."""
+    tb = tokenizer.vocab.timestamp_begin
+    said = tokenizer.encode(" ask not, what your country")
+    ends = {" ask": 0.5, " not,": 1.0, " what": 1.6, " your": 2.7, " country": 2.9}
+
+    def run(seconds: float, unsure: str) -> list[str]:
+        s = _stream(tokenizer, seconds)
+        assert s.due() == "partial"
+        events = s.apply(s.request("partial"), Decoded(_result([tb] + said), aligner=_aligner(tokenizer, ends, unsure)))
+        return [e.text for e in events if e.type == "final"]
+
+    assert run(3.0, "") == ["ask not, what"]
+    assert run(3.0, " not,") == ["ask"]  # "not," ends 2.0 s before the audio does: not yet
+    assert run(4.0, " not,") == ["ask not, what your"]  # 3 s after it: committed, and what the margin allows after it
+    assert run(3.0, " ask") == []
+    b = _stream(tokenizer, 1).boundaries
+    comma, what = tokenizer.encode(",")[0], tokenizer.encode(" what")[0]
+    assert not b.before(comma) and b.before(what) and b.before(tb)
+
+
+def test_a_full_buffer_cut_inside_speech_is_committed_up_to_a_word_end(tokenizer):
+    """A 24 s buffer whose decode ends in one segment closed at the buffer's end (speech goes on: its last word is
+    likely cut short) is committed up to the last aligned word ending 1 s before the end, and only that audio
+    leaves the buffer; the rest is decoded again."""
+    tb = tokenizer.vocab.timestamp_begin
+    words = [f" w{i}" for i in range(12)]
+    tokens = [tb] + [t for w in words for t in tokenizer.encode(w)] + [tb + 1200]  # one segment, 0-24 s
+
+    def aligner(before: list[int], toks: list[int]) -> list[Word]:
+        return [Word(w, 2.0 * i, 2.0 * i + 1.9, 0.9, len(tokenizer.encode(w))) for i, w in enumerate(words)]
+
+    s = _stream(tokenizer, 24)
+    assert s.due() == "window"
+    events = s.apply(s.request("window"), Decoded(_result(tokens), aligner=aligner))
+    finals = [e for e in events if e.type == "final"]
+    assert [e.text for e in finals] == [" ".join(w.strip() for w in words[:11])]  # w11 ends at 23.9 s: kept
+    assert s.intake.start == pytest.approx(21.9) and s.intake.buffer_s == pytest.approx(2.1)
+    assert s.stats.decoded_s == pytest.approx(21.9)
+    assert tokenizer.decode([t for t in s.previous if t < tokenizer.vocab.eot]).strip() == "w11"
+
+
+def test_a_long_buffer_is_trimmed_at_a_committed_segment_end(tokenizer):
+    """Past ``trim_s``, the buffer loses its audio up to the last committed segment end (a timestamp pair): that
+    text becomes the prompt, the timestamps after it move with the buffer's start, and nothing is said twice."""
+    tb = tokenizer.vocab.timestamp_begin
+    first, second = tokenizer.encode(" One sentence."), tokenizer.encode(" And then more")
+    s = _stream(tokenizer, 13, policy="local-agreement")
+    tokens = [tb] + first + [tb + 300, tb + 300] + second
+    for _ in range(2):  # the second decode agrees with the first: committed up to " more"'s start
+        events = s.apply(s.request("partial"), Decoded(_result(tokens)))
+    assert [e.text for e in events if e.type == "final"] == ["One sentence. And then"]
+    assert s.intake.start == pytest.approx(6.0) and s.intake.buffer_s == pytest.approx(7.0)
+    assert s.context[-len(first) - 1:] == first + [tb + 300]
+    assert s.committed == [tb] + second[:-1] and s.previous == second[-1:]
+
+
+def test_every_sample_leaves_the_buffer_once(tokenizer):
+    """Silence before speech is skipped (a pre-roll kept), decoded audio leaves with its final: the statistics
+    account for every second received."""
+    s = Stream(StreamConfig(), tokenizer)
+    s.feed(np.zeros(3 * 16000, np.float32))
+    s.listen()
+    assert s.due() is None and s.intake.buffer_s == pytest.approx(0.3, abs=0.04)
+    s.flush(close=True)
+    assert s.due() == "final"
+    (final,) = s.settle_flush()  # no decode; the utterance still ends with a final
+    assert final.type == "final" and final.text == "" and final.end_of_utterance
+    assert s.stats.skipped_s == pytest.approx(3.0) and s.stats.decoded_s == 0 and s.flushes == 1
