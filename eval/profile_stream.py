@@ -4,7 +4,9 @@ detection, encoding, decoding (prefill, verify passes, draft steps) and AlignAtt
 second; then the functions that took the most time themselves (cProfile).
 
     python eval/profile_stream.py [--sessions 4] [--seconds 40] [--device cpu] [--compute-type auto]
-                                  [--threads 2] [--top 25]
+                                  [--threads 2] [--top 25] [--encoder-window stream|audio|full] [--no-cprofile]
+
+Per stream second: engine seconds per second of each stream's audio (the engine's total over the sessions' audio).
 
 No server and no real-time pacing (eval/bench_streaming.py measures those): this isolates the engine's own cost.
 """
@@ -24,7 +26,9 @@ from asr_spec import vad
 from asr_spec.decoding import speculative
 from asr_spec.models.loader import ModelOptions, load
 from asr_spec.recognizer import Recognizer
-from asr_spec.streaming import engine as engine_module
+from asr_spec.streaming import decode as decode_module
+from asr_spec.streaming import encoding
+from asr_spec.streaming.config import EngineConfig
 from asr_spec.streaming.engine import Engine
 from asr_spec.streaming.config import StreamConfig
 from bench_streaming import DEV, speech  # eval/ is the script's folder
@@ -68,36 +72,43 @@ def main() -> None:
     ap.add_argument("--compute-type", default="auto")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--encoder-window", default=encoding.WINDOWS[0], choices=encoding.WINDOWS)
+    ap.add_argument("--no-cprofile", action="store_true", help="time the components only (cProfile slows Python)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target, draft = load(ModelOptions(device=args.device, compute_type=args.compute_type))
-    engine = Engine(Recognizer(target, draft))
+    engine = Engine(Recognizer(target, draft), EngineConfig(encoder_window=args.encoder_window))
     items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
     audios = [speech(items, args.seconds, 7 * i) for i in range(args.sessions)]
     run(engine, [a[:16000 * 5] for a in audios])  # warm-up (kernels, the cost model's first tries)
     totals: dict[str, float] = {}
-    rec = engine.transcriber
     timed(vad.VoiceActivity, "__call__", "voice detection", totals)
-    timed(rec, "encode", "encode", totals)
+    timed(encoding.BufferEncoder, "encode", "encode: new audio (stream)", totals)
+    timed(decode_module, "encode_whole", "encode: whole buffer", totals)
     timed(speculative.DecodingTask, "prefill", "decode: prefill", totals)
     timed(speculative.DecodingTask, "verify", "decode: verify passes", totals)
     timed(speculative.DecodingTask, "draft_tokens", "decode: draft steps", totals)
-    timed(rec, "decode", "decode", totals)
-    timed(engine_module, "align_many", "AlignAtt alignment", totals)
-    engine.busy_s = 0.0
-    profile = cProfile.Profile()
+    timed(engine.transcriber, "decode", "decode", totals)
+    timed(decode_module, "align_many", "AlignAtt alignment", totals)
+    engine.busy_s, engine.decodes = 0.0, 0
+    profile = None if args.no_cprofile else cProfile.Profile()
     t0 = time.perf_counter()
-    profile.enable()
+    if profile is not None:
+        profile.enable()
     run(engine, audios)
-    profile.disable()
+    if profile is not None:
+        profile.disable()
     wall = time.perf_counter() - t0
     stream_s = max(map(len, audios)) / 16000
-    print(f"{args.sessions} stream(s) x {stream_s:.1f} s, {target.precision.name} on {args.device}: wall {wall:.2f} s "
-          f"(cProfile on), engine busy {engine.busy_s:.2f} s = {engine.busy_s / stream_s:.3f} per stream second, "
+    print(f"{args.sessions} stream(s) x {stream_s:.1f} s, {target.precision.name} on {args.device}, encoder window "
+          f"{args.encoder_window}: wall {wall:.2f} s{'' if profile is None else ' (cProfile on)'}, engine busy "
+          f"{engine.busy_s:.2f} s = {engine.busy_s / stream_s / args.sessions:.3f} per stream second, "
           f"{engine.decodes} decodes")
     for key, seconds in totals.items():
-        print(f"  {key:24s} {seconds:7.2f} s  {seconds / engine.busy_s:6.1%} of busy")
-    pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+        print(f"  {key:28s} {seconds:7.2f} s  {seconds / engine.busy_s:6.1%} of busy  "
+              f"{seconds / stream_s / args.sessions:.3f} per stream second")
+    if profile is not None:
+        pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,56 @@
+"""The streaming encoder (fast, tiny random models): frames encoded a bounded number of times, frozen positions
+kept bit for bit, the decoders' cross-attention keys and values kept with them."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from asr_spec.features import log_mel, window
+from asr_spec.models.loader import encoder_forward
+from asr_spec.models.stream_encoder import EncoderCache, encode_tail, first_frame
+from asr_spec.recognizer import Recognizer
+from asr_spec.streaming.encoding import BufferEncoder
+
+
+def _audio(seconds: float, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 0.1, int(seconds * 16000)).astype(np.float32)
+
+
+def test_with_nothing_frozen_it_is_the_encoder(tiny_target):
+    mel = window(log_mel(_audio(3)), 0, 400)[None]
+    encoder = tiny_target.encoder.inner
+    assert torch.equal(encode_tail(encoder, mel, EncoderCache(), freeze=0), encoder_forward(encoder, mel).last_hidden_state)
+
+
+def test_frozen_positions_keep_their_states_and_the_rest_attends_to_them(tiny_target):
+    """Positions frozen at one step are returned unchanged later, the newer ones computed over them: what a
+    second call computes from frame ``first_frame`` on equals the whole computation with the cache."""
+    encoder = tiny_target.encoder.inner
+    mel = window(log_mel(_audio(6)), 0, 600)[None]
+    cache = EncoderCache()
+    first = encode_tail(encoder, mel[:, :, :400], cache, freeze=150)
+    assert cache.frozen == 150 and len(cache.keys) == len(encoder.layers)
+    again = encode_tail(encoder, mel[:, :, first_frame(cache):], cache, freeze=250)
+    assert again.shape[1] == 300 and cache.frozen == 250
+    assert torch.equal(again[:, :150], first[:, :150])  # frozen: not recomputed
+    assert not torch.allclose(again[:, 150:200], first[:, 150:200])  # re-encoded: they now hear what followed
+    whole = encoder_forward(encoder, mel).last_hidden_state
+    assert not torch.allclose(again, whole)  # the frozen positions never heard the last 2 s (the trade)
+    cache.truncate(100)
+    assert cache.frozen == 100 and cache.keys[0].shape[2] == 100
+
+
+def test_a_buffer_grows_step_by_step_and_restarts_when_trimmed(tiny_target):
+    rec = Recognizer(tiny_target)
+    enc = BufferEncoder(rec, lookahead_s=1.0, pad_s=1.0)
+    audio = _audio(8)
+    outs = [enc.encode(audio[:int(s * 16000)], start=0.0) for s in (2.0, 2.5, 3.0)]
+    assert [o.positions for o in outs] == [150, 175, 200]  # audio + 1 s of silence, 50 positions a second
+    assert enc.cache.frozen == 100  # 3 s heard: all but the last second (the lookahead) frozen
+    assert torch.equal(outs[2].memory[:, :75], outs[1].memory[:, :75])  # frozen at 2.5 s
+    keys, values = outs[2].cross
+    fresh_keys, fresh_values = tiny_target.decoder.cross_kv(outs[2].memory)
+    for a, b in zip(keys + values, fresh_keys + fresh_values):
+        torch.testing.assert_close(a, b)  # the kept keys and values are those of the memory returned
+    enc.encode(audio[16000:int(3.5 * 16000)], start=1.0)  # the buffer lost its first second: encoded afresh
+    assert enc.start == 1.0 and enc.cache.frozen == 75
