@@ -3,7 +3,8 @@
 endpoints (openai_api.py).
 
 One :class:`~asr_spec.streaming.engine.Engine` (one model) serves every session. Its inference thread decodes
-whichever streams are due, batched, off the event loop; events go back to each session's queue.
+whichever streams are due, batched, off the event loop; events go back to each session's queue. The sessions' audio
+decoding and engine calls run in a pool of session threads, also off the event loop (session.py).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import signal
 import socket
 import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from starlette.websockets import WebSocket
 from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
 from ..streaming.engine import Engine
-from .asgi import HeadTimeout, MethodGuard, Uvicorn
+from .asgi import HeadTimeout, MethodGuard, Uvicorn, WebSockets
 from .config import ServerConfig, install_log_redaction, match_key
 from .files import FileWorker
 from .metrics import Metrics
@@ -52,6 +54,8 @@ class Server:
         self.connections: dict[WebSocket, Session] = {}
         self.clients: Counter[tuple[str, str]] = Counter()  # open connections per ("address" | "key", value)
         self.metrics = Metrics()
+        # each session runs one call at a time here (its reader's), plus one at its close or the shutdown's drain
+        self.pool = ThreadPoolExecutor(max_workers=2 * config.max_sessions + 2, thread_name_prefix="asr_spec-session")
         self.languages = set(engine.transcriber.vocab.languages) or None
         self.language_names = {code: LANGUAGES.get(code, code) for code in self.languages} if self.languages else None
         self._wake = threading.Event()
@@ -83,7 +87,7 @@ class Server:
             for sid, events in out.items():
                 if (session := self.sessions.get(sid)) is not None and self.loop is not None:
                     try:
-                        self.loop.call_soon_threadsafe(session.deliver, events, self.engine.flushes(sid))
+                        self.loop.call_soon_threadsafe(session.deliver, sid, events, self.engine.flushes(sid))
                     except RuntimeError:  # the loop closed meanwhile: the server is shutting down
                         return
 
@@ -110,7 +114,7 @@ class Server:
     async def metrics_page(self, request: Request) -> Response:
         if self.key_of(request) is None:
             return unauthorized()
-        return JSONResponse(self.metrics.snapshot(self.engine, len(self.sessions)))
+        return JSONResponse(await asyncio.to_thread(self.metrics.snapshot, self.engine, len(self.sessions)))
 
     async def page(self, request: Request) -> Response:
         return FileResponse(STATIC / "index.html", media_type="text/html; charset=utf-8")
@@ -118,7 +122,9 @@ class Server:
     # --- WebSocket sessions ---------------------------------------------------------------------------
     async def websocket(self, ws: WebSocket, kind: type[StreamSession] = Session) -> None:
         session = kind(self, ws)  # the native protocol's, or OpenAI Realtime's (realtime.py)
-        if (key := session.authorize()) is None:
+        if (key := session.authorize()) is None:  # one warning line: a wrong key is the client's mistake
+            log.warning("refused a WebSocket handshake on %s from %s: missing or wrong API key (401)", ws.url.path,
+                        ws.client.host if ws.client else "an unknown address")
             await ws.send_denial_response(unauthorized())
             return
         await session.accept()
@@ -180,7 +186,7 @@ class Server:
         listener = socket.create_server((c.host, c.port), family=family)
         self.port = listener.getsockname()[1]
         server = Uvicorn(uvicorn.Config(
-            self.app, http=HeadTimeout.factory(c.head_timeout_s), ws="websockets-sansio", lifespan="off",
+            self.app, http=HeadTimeout.factory(c.head_timeout_s), ws=WebSockets, lifespan="off",
             ws_max_size=c.max_message_bytes, ws_ping_interval=c.ping_interval_s, ws_ping_timeout=None,
             server_header=False, log_config=None, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_CLOSE_S))
         install_log_redaction()  # after uvicorn's logging set-up
@@ -211,6 +217,7 @@ class Server:
             if self.files is not None:
                 self.files.stop()
             worker.join(timeout=SHUTDOWN_JOIN_S)
+            self.pool.shutdown(wait=False)
             if worker.is_alive():
                 log.warning("the inference thread is still decoding after %g s; exiting without it", SHUTDOWN_JOIN_S)
             else:

@@ -1,15 +1,18 @@
 """uvicorn and ASGI plumbing for ``asr_spec serve``: uvicorn without its signal handling, a deadline for request
-heads, and the HTTP methods the server answers."""
+heads, a client's bad WebSocket input logged as one warning line, and the HTTP methods the server answers."""
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import h11
 import uvicorn
 from starlette.responses import PlainTextResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 HTTP_METHODS = ("GET", "HEAD")
+log = logging.getLogger("asr_spec.serve")
 
 
 class Uvicorn(uvicorn.Server):
@@ -55,6 +58,32 @@ class HeadTimeout(H11Protocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
         super().connection_lost(exc)
+
+
+class WebSockets(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol (websockets' sans-I/O one), but what a client gets wrong is not logged as a
+    server error: a text message that is not UTF-8 is one warning line (uvicorn logs an error with a traceback),
+    and a handshake the app refuses (401) is logged by the app alone (uvicorn would add "ASGI callable returned
+    without completing handshake" as an error, because it does not count a denial response as completing it)."""
+
+    def send_receive_event_to_app(self) -> None:
+        if self.curr_msg_data_type == "text" and not self.close_sent:
+            try:
+                b"".join(self.frames).decode()
+            except UnicodeDecodeError as e:
+                client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+                log.warning("closed the WebSocket of %s with 1007: a text message that is not UTF-8 (%s at byte %d)",
+                            client, e.reason, e.start)
+                self.frames = []
+                self.conn.send_close(1007, "text messages must be UTF-8")
+                self.handle_parser_exception()  # tells the app the client is gone, sends the close, drops the link
+                return
+        super().send_receive_event_to_app()
+
+    async def send(self, message) -> None:
+        await super().send(message)
+        if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):
+            self.handshake_complete = True  # the denial response is sent: the handshake is over
 
 
 class MethodGuard:

@@ -23,8 +23,9 @@ class ServerConfig:
     max_sessions_per_client: int = 0  # per client address, and per key when there are several; 0: half of max_sessions
     api_keys: tuple[str, ...] = ()  # empty: no key needed
     max_frame_bytes: int = 256 * 1024  # larger audio frames get an error event and are dropped
+    max_append_s: float = 8.0  # audio in one Realtime append (as a 256 KiB frame of 16 kHz pcm_s16le); larger: dropped
     max_message_bytes: int = 4 * 1024 * 1024  # the connection is closed (1009) beyond this
-    idle_timeout_s: float = 60.0  # a connection that sends nothing this long is closed (also how a dead peer is found)
+    idle_timeout_s: float = 60.0  # a session that sends no audio this long is closed (also how a dead peer is found)
     # keepalive pings (for proxies and NAT); pongs are not awaited: a backpressured client's pong waits behind its
     # unread audio for as long as decoding takes, and the idle timeout finds a dead peer
     ping_interval_s: float = 20.0

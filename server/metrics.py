@@ -1,6 +1,7 @@
 """``GET /metrics``: what the server has done, and what its streams are waiting for."""
 from __future__ import annotations
 
+import threading
 import time
 
 from ..decoding.speculative import acceptance
@@ -15,18 +16,24 @@ class Metrics:
         self.accepted = 0
         self.rejected = 0
         self.started = time.time()
+        # closing a stream and counting its totals is one step for ``snapshot`` (both run in worker threads)
+        self._lock = threading.Lock()
 
-    def ended(self, stats) -> None:
-        """Count a closed stream's totals (``StreamStats``)."""
-        self.audio_s += stats.audio_s
-        self.accepted += stats.decode.accepted
-        self.rejected += stats.decode.rejected
+    def close(self, engine: Engine, sid: int) -> None:
+        """Close engine stream ``sid`` and count its totals."""
+        with self._lock:
+            if (stream := engine.close(sid)) is not None:
+                self.audio_s += stream.stats.audio_s
+                self.accepted += stream.stats.decode.accepted
+                self.rejected += stream.stats.decode.rejected
 
     def snapshot(self, engine: Engine, sessions: int) -> dict:
-        live = engine.snapshot()
-        audio = self.audio_s + sum(s["audio_seconds"] for s in live)
-        acc = self.accepted + sum(s["accepted"] for s in live)
-        rej = self.rejected + sum(s["rejected"] for s in live)
+        """Run it off the event loop: ``engine.snapshot`` waits for the engine's lock."""
+        with self._lock:
+            live = engine.snapshot()
+            audio = self.audio_s + sum(s["audio_seconds"] for s in live)
+            acc = self.accepted + sum(s["accepted"] for s in live)
+            rej = self.rejected + sum(s["rejected"] for s in live)
         waits = sorted(engine.queue_wait_s)
         pct = lambda q: round(waits[min(len(waits) - 1, int(q * len(waits)))], 3) if waits else None  # noqa: E731
         return {"sessions": sessions, "sessions_total": self.sessions_total, "refused": self.refused,

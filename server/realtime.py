@@ -16,8 +16,8 @@ from starlette.websockets import WebSocket
 from ..streaming.stream import Event
 from .config import match_key
 from .protocol import ProtocolError
-from .realtime_events import (UPDATES, RealtimeAudio, RealtimeError, Settings, appended_audio, error_event, item,
-                              parse_event, parse_update)
+from .realtime_events import (UPDATES, RealtimeAudio, RealtimeError, Settings, appended_audio, base64_audio,
+                              error_event, item, parse_event, parse_update)
 from .session import Message, StreamSession
 
 KEY_PROTOCOL = "openai-insecure-api-key."  # browsers: the key as a WebSocket subprotocol
@@ -79,10 +79,10 @@ class RealtimeSession(StreamSession):
     def session_object(self) -> dict:
         return {"id": self.id, **self.settings.as_dict(self.beta)}
 
-    def deliver(self, events, flushes: int) -> None:
+    def _deliver(self, events, flushes: int) -> None:
         """Events of audio cleared from the buffer are dropped (the engine's errors are not)."""
         dropping = self.flushes_delivered < self.discard_until
-        super().deliver([e for e in events if not dropping or e.type == "error"], flushes)
+        super()._deliver([e for e in events if not dropping or e.type == "error"], flushes)
 
     def translate(self, e: Event) -> list[dict]:
         """Queue (``emit``) what one engine event means for the turn; nothing more to send."""
@@ -158,43 +158,49 @@ class RealtimeSession(StreamSession):
                                     f" before {kind}")
             self.emit("input_audio_buffer.cleared")
         elif kind == "input_audio_buffer.append":
-            self._feed(self.decoder(appended_audio(event)))
-        elif kind == "input_audio_buffer.commit":
-            self._commit()
+            # checked here (its length says how much audio it holds); decoded and fed in a session thread
+            audio, decoder = appended_audio(event, self.settings, self.config.max_append_s), self.decoder
+            await self._feed(lambda: decoder(base64_audio(audio)))
         else:
-            self._clear()
+            with self._atomic():
+                await (self._commit() if kind == "input_audio_buffer.commit" else self._clear())
 
     async def _update(self, event: dict) -> None:
         """New settings. A change of language or turn detection needs a new engine stream: what the old one holds is
         committed and decoded first (the reader waits meanwhile)."""
-        old, new = self.settings, parse_update(event, self.settings, self.server.languages)
-        self.beta = self.beta or event["type"] == "transcription_session.update"
-        stream, restart = new.stream(self.config.step_s, self.config.commit_policy), False
-        if self.sid is not None:
-            restart = stream != old.stream(self.config.step_s, self.config.commit_policy)
-            if restart or (new.format, new.rate) != (old.format, old.rate):
-                self._end_audio(None)
-        if restart:
-            if self.turn is not None and not self.turn.committed:
-                self._commit_turn(None)
-                self.commits += 1
-            await self._until_flushed(self._flush(close=True), self.config.flush_timeout_s, read=False)
-            self._close_stream()
-            self.commits, self.turn, self.turn_end = 0, None, 0.0
-        if self.sid is None or restart:
-            self._open(stream)
-        self.settings = new
-        self.decoder = self.decoder or RealtimeAudio(new)
-        self.emit("transcription_session.updated" if event["type"] == "transcription_session.update"
-                  else "session.updated", session=self.session_object())
+        with self._atomic():
+            old, new = self.settings, parse_update(event, self.settings, self.server.languages)
+            self.beta = self.beta or event["type"] == "transcription_session.update"
+            stream, restart = new.stream(self.config.step_s, self.config.commit_policy), False
+            if self.sid is not None:
+                restart = stream != old.stream(self.config.step_s, self.config.commit_policy)
+                if restart or (new.format, new.rate) != (old.format, old.rate):
+                    await self._end_audio(None)
+            if restart:
+                if self.turn is not None and not self.turn.committed:
+                    self._commit_turn(None)
+                    self.commits += 1
+                done = await self._flush(close=True)
+        if restart:  # the old stream's events are delivered meanwhile
+            await self._until_flushed(done, self.config.flush_timeout_s, read=False)
+        with self._atomic():
+            if restart:
+                await self._close_stream()
+                self.commits, self.turn, self.turn_end = 0, None, 0.0
+            if self.sid is None or restart:
+                await self._open(stream)
+            self.settings = new
+            self.decoder = self.decoder or RealtimeAudio(new)
+            self.emit("transcription_session.updated" if event["type"] == "transcription_session.update"
+                      else "session.updated", session=self.session_object())
 
-    def _commit(self) -> None:
+    async def _commit(self) -> None:
         engine, pending = self.server.engine, self.flushes_delivered < self.commit_flush
-        if self.turn is None and not pending and engine.backlog_s(self.sid) < MIN_COMMIT_S:
+        if self.turn is None and not pending and await self._call(engine.backlog_s, self.sid) < MIN_COMMIT_S:
             raise RealtimeError("input_audio_buffer_commit_empty", f"the input audio buffer holds less than "
                                 f"{1000 * MIN_COMMIT_S:g} ms of audio to commit")
-        self._end_audio(self.settings)
-        self.commit_flush = self._flush(close=True)  # never deferred, unlike a native finalize of under 1 s
+        await self._end_audio(self.settings)
+        self.commit_flush = await self._flush(close=True)  # never deferred, unlike a native finalize of under 1 s
         if pending and self.turn is not None and self.turn.committed:
             return  # the pending commit's flush now takes this audio too: one item
         if self.turn is None:
@@ -203,18 +209,19 @@ class RealtimeSession(StreamSession):
             self._commit_turn(None)
             self.commits += 1
 
-    def _clear(self) -> None:
+    async def _clear(self) -> None:
         """Drop the buffered audio. Text already sent as deltas cannot be taken back: an open turn is completed with
         it; the engine's events for the rest of the cleared audio are dropped."""
         if self.turn is not None:
             self.commits = max(self.commits, 1)  # it ends as a commit's turn would (no speech_stopped)
-            self._end_turn((self.server.engine.stream_stats(self.sid) or {}).get("audio_seconds", self.turn.start))
+            stats = await self._call(self.server.engine.stream_stats, self.sid) or {}
+            self._end_turn(stats.get("audio_seconds", self.turn.start))
         self.commits = 0
-        self._end_audio(self.settings)
-        self.discard_until = self._flush(close=True)
+        await self._end_audio(self.settings)
+        self.discard_until = await self._flush(close=True)
         self.emit("input_audio_buffer.cleared")
 
-    def _end_audio(self, settings: Settings | None) -> None:
+    async def _end_audio(self, settings: Settings | None) -> None:
         """Feed what the resampler still holds, and start a new one for ``settings`` (None: later)."""
-        self._feed(self.decoder.finish())
+        await self._feed(self.decoder.finish, received=False)
         self.decoder = RealtimeAudio(settings) if settings is not None else None

@@ -57,6 +57,11 @@ class Settings:
     noise_reduction: str | None = None
     logprobs: bool = False
 
+    @property
+    def bytes_per_second(self) -> int:
+        """Of the session's audio: 16-bit PCM at its rate, or G.711's byte per sample at 8 kHz."""
+        return 2 * self.rate if self.format == "audio/pcm" else 8000
+
     def stream(self, step_s: float, policy: str) -> StreamConfig:
         """The engine stream these settings ask for."""
         vad = self.vad or Vad()
@@ -202,12 +207,24 @@ def _vad(td, current: Vad | None) -> Vad | None:
                                            integer=True))
 
 
-def appended_audio(event: dict) -> bytes:
-    """The bytes of an ``input_audio_buffer.append``."""
+def appended_audio(event: dict, settings: Settings, max_s: float) -> str:
+    """The base64 audio of an ``input_audio_buffer.append``, refused when it holds more than ``max_s`` seconds of
+    the session's format. Its length says so: the check costs nothing, whatever the event holds."""
     audio = event.get("audio")
     if not isinstance(audio, str):
         raise RealtimeError("missing_required_parameter" if audio is None else "invalid_type",
                             "input_audio_buffer.append needs audio: a base64 string", "audio")
+    size = len(audio) * 3 // 4 - audio.endswith("=") - audio.endswith("==")  # bytes, once decoded
+    if size > (limit := int(max_s * settings.bytes_per_second)):
+        raise RealtimeError("invalid_value", f"an input_audio_buffer.append holds at most {max_s:g} s of audio "
+                            f"({limit} bytes of {settings.format} at {settings.rate} Hz, {-(-limit // 3) * 4} base64 "
+                            f"characters); this one holds {size / settings.bytes_per_second:.1f} s (dropped): append "
+                            "the audio in smaller pieces, as it comes", "audio")
+    return audio
+
+
+def base64_audio(audio: str) -> bytes:
+    """The bytes of an append's base64 audio."""
     try:
         return base64.b64decode(audio, validate=True)
     except (binascii.Error, ValueError):

@@ -38,9 +38,9 @@ normalize = EnglishTextNormalizer()
 
 @pytest.fixture(scope="module")
 def server(base_transcriber):
-    # frames as large as one append event may be: the native protocol gets a whole utterance in one frame too
+    # a whole utterance in one append event (at most 8 s by default), and in one native frame as well
     config = ServerConfig(port=0, api_keys=(KEY,), max_sessions=6, max_sessions_per_client=6,
-                          max_frame_bytes=4 * 1024 * 1024)
+                          max_frame_bytes=4 * 1024 * 1024, max_append_s=60.0)
     with in_process(Engine(base_transcriber), config) as s:
         yield s
 

@@ -1,6 +1,6 @@
 """The Realtime endpoint against bad and hostile clients: malformed JSON, unknown events, base64 that is not base64,
-audio before session.update, binary frames, a 20 MB event, a flood then a vanished peer, slot holders, a full
-server. Each gets an ``error`` event in OpenAI's shape (and the session goes on) or a clean close, while a bystander
+audio before session.update, binary frames, a 20 MB event, 393 s of G.711 in one append, a flood then a vanished
+peer, slot holders, a full server. Each gets an ``error`` event in OpenAI's shape (and the session goes on) or a clean close, while a bystander
 session streams audio beside them and must not notice.
 
 A real server on loopback with the tiny random model (the text is noise; the events are what is tested). Every wait
@@ -13,6 +13,7 @@ import logging
 import socket
 import threading
 import time
+import urllib.request
 from contextlib import contextmanager
 
 import numpy as np
@@ -20,9 +21,9 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from server_proc import in_process, recv
+from server_proc import in_process, recv, serve
 
-from asr_spec.server.config import ServerConfig, redact
+from asr_spec.server.config import KEY_ENV, ServerConfig, redact
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import Transcriber
 
@@ -176,6 +177,92 @@ def test_a_20_mb_event_closes_cleanly_and_others_go_on(server):
             except ConnectionClosed as e:
                 assert e.rcvd is not None and e.rcvd.code == 1009, e  # message too big
         noticed_nothing()
+
+
+@contextmanager
+def responsiveness(port: int):
+    """While the block runs, GET /health and a second session's error round trip (an unknown event: answered without
+    the engine) are timed every 50 ms; yields a function that stops and returns the slowest of each."""
+    health: list[float] = []
+    pings: list[float] = []
+    failures: list = []
+    stop = threading.Event()
+    ws = open_session(port)
+    recv(ws, [])
+
+    def probe(measure, times: list[float]) -> None:
+        try:
+            while not stop.is_set():
+                began = time.monotonic()
+                measure()
+                times.append(time.monotonic() - began)
+                time.sleep(0.05)
+        except Exception as e:  # noqa: BLE001 - reported by the check
+            failures.append(e)
+
+    def get_health() -> None:
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30).read() == b"ok\n"
+
+    def ping() -> None:
+        ws.send('{"type": "ping"}')
+        assert json.loads(ws.recv(timeout=30))["error"]["code"] == "invalid_value"
+
+    probes = [threading.Thread(target=probe, args=(f, t), daemon=True) for f, t in ((get_health, health), (ping, pings))]
+    for t in probes:
+        t.start()
+
+    def slowest() -> tuple[float, float]:
+        stop.set()
+        for t in probes:
+            t.join(40)
+        assert not failures, f"a probe failed: {failures!r}"
+        assert len(health) >= 5 and len(pings) >= 5, f"too few probes: {len(health)} /health, {len(pings)} pings"
+        return max(health), max(pings)
+    try:
+        yield slowest
+    finally:
+        stop.set()
+        ws.close()
+
+
+def test_393_s_of_g711_in_one_append_is_refused_and_stalls_no_one(tiny_dir):
+    """One append just under the 4 MiB message limit holds 393 s of G.711: decoded, resampled and fed on the event
+    loop, it stopped /health and every session for seconds (6.6 s in the security review). It is refused at once now
+    (at most 8 s per append; the session goes on), and what is accepted is decoded and fed off the event loop: six
+    full appends in a row (48 s, beyond the backlog limit, voice detection on) are all transcribed, while /health and
+    another session's events keep answering within 1 s and a bystander streaming audio notices nothing.
+    `asr_spec serve` as it runs (one torch thread), with the tiny random model."""
+    with serve("--model", str(tiny_dir), "--no-draft", "--threads", "1", "--max-sessions", "4",
+               "--max-sessions-per-client", "4", env={KEY_ENV: KEY}) as url:
+        port = int(url.rsplit(":", 1)[1])
+        seen: list = []
+        with bystander(port) as noticed_nothing, responsiveness(port) as slowest, open_session(port) as ws:
+            recv(ws, seen)
+            ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+                "format": {"type": "audio/pcmu"}, "transcription": {"language": "en"}}}}}))  # server VAD: on
+            until(ws, seen, "session.updated")
+            size = (ServerConfig.max_message_bytes - 200) // 4 * 3  # G.711: a byte per 8 kHz sample
+            big = json.dumps({"type": "input_audio_buffer.append", "event_id": "big",
+                              "audio": base64.b64encode(np.random.default_rng(0).bytes(size)).decode()})
+            assert len(big) < ServerConfig.max_message_bytes and size / 8000 > 390
+            sent = time.monotonic()
+            ws.send(big)
+            e = error(ws, seen, f"{size / 8000:.0f} s of audio/pcmu", "invalid_value")
+            took = time.monotonic() - sent
+            assert e["error"]["event_id"] == "big" and e["error"]["param"] == "audio", e
+            assert "at most 8 s" in e["error"]["message"] and "393.2 s" in e["error"]["message"], e
+            assert took < 2.0, f"the refusal took {took:.1f} s"
+            silence = base64.b64encode(b"\xff" * 64000).decode()  # mu-law 0xFF is 0: 8 s, the most one append holds
+            for _ in range(6):
+                ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": silence}))
+            ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            done = until(ws, seen, "conversation.item.input_audio_transcription.completed", 120)
+            assert done["usage"]["seconds"] == pytest.approx(48.0, abs=0.1), f"audio lost or added: {done}"
+            assert [x for x in seen if x["type"] == "error"] == [e], f"errors besides the refusal: {seen}"
+            health, ping = slowest()
+            assert health < 1.0, f"/health took up to {health:.2f} s"
+            assert ping < 1.0, f"another session's error round trip took up to {ping:.2f} s"
+            noticed_nothing()
 
 
 def test_a_flood_then_a_vanished_peer_leaves_the_server_serving(server):

@@ -11,7 +11,7 @@ import pytest
 
 from asr_spec.server.protocol import ProtocolError
 from asr_spec.server.realtime_events import (G711, RealtimeAudio, RealtimeError, Settings, Vad, appended_audio,
-                                             error_event, parse_event, parse_update)
+                                             base64_audio, error_event, parse_event, parse_update)
 
 LANGUAGES = {"en", "de", "fr"}
 
@@ -106,12 +106,33 @@ def test_events_are_parsed_and_errors_have_openais_shape():
 
 
 def test_appended_audio_must_be_base64():
-    assert appended_audio({"audio": base64.b64encode(b"\x01\x02").decode()}) == b"\x01\x02"
-    for audio, code in [("not base64!", "invalid_value"), ("QUJ", "invalid_value"), (None, "missing_required_parameter"),
-                        (12, "invalid_type")]:
+    text = base64.b64encode(b"\x01\x02").decode()
+    assert base64_audio(appended_audio({"audio": text}, Settings(), 8.0)) == b"\x01\x02"
+    for audio, code in [(None, "missing_required_parameter"), (12, "invalid_type")]:
         with pytest.raises(RealtimeError) as info:
-            appended_audio({"audio": audio} if audio is not None else {})
+            appended_audio({"audio": audio} if audio is not None else {}, Settings(), 8.0)
         assert (info.value.code, info.value.param) == (code, "audio")
+    for audio in ("not base64!", "QUJ"):
+        with pytest.raises(RealtimeError) as info:
+            base64_audio(appended_audio({"audio": audio}, Settings(), 8.0))
+        assert (info.value.code, info.value.param) == ("invalid_value", "audio")
+
+
+@pytest.mark.parametrize("settings", [Settings(), Settings(format="audio/pcmu", rate=8000),
+                                      Settings(format="audio/pcma", rate=8000), Settings(rate=8000),
+                                      Settings(rate=192000)], ids=["pcm24k", "pcmu", "pcma", "pcm8k", "pcm192k"])
+def test_an_append_holds_at_most_the_limit_in_seconds_of_its_format(settings):
+    """The limit is seconds of audio whatever the format (G.711's 8 kHz bytes hold 6 times the audio of 24 kHz PCM's);
+    it is read from the base64 text's length, before anything is decoded."""
+    per_second = 8000 if settings.format != "audio/pcm" else 2 * settings.rate
+    fits = bytes(int(8.0 * per_second))
+    assert base64_audio(appended_audio({"audio": base64.b64encode(fits).decode()}, settings, 8.0)) == fits
+    for extra in (1, 2, 3, per_second):  # one byte over (each base64 padding), and a second over
+        with pytest.raises(RealtimeError) as info:
+            appended_audio({"audio": base64.b64encode(fits + bytes(extra)).decode()}, settings, 8.0)
+        e = info.value
+        assert (e.code, e.param) == ("invalid_value", "audio") and "at most 8 s" in e.message, e.message
+        assert "dropped" in e.message and len(e.message) < 300, e.message
 
 
 def test_audio_formats_decode_to_16_khz():

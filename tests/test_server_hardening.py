@@ -1,5 +1,6 @@
 """`asr_spec serve` against bad input: start fields of the wrong type, JSON nested too deeply, float audio out of
-range, huge field names, HTTP methods, /metrics without the key, the key in logs, SIGINT/SIGTERM.
+range, huge field names, HTTP methods, /metrics without the key, the key in logs, a client's mistakes in the log
+(text that is not UTF-8, a refused handshake), SIGINT/SIGTERM.
 
 Real servers on loopback with the tiny random model: one in this process for the protocol and HTTP checks, and
 `asr_spec serve` subprocesses for the signals. Every wait has a deadline and every failure says what it saw.
@@ -24,7 +25,7 @@ import numpy as np
 import pytest
 from conftest import default_sigint
 from server_proc import free_port, recv, wait_serving
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from asr_spec.server.app import Server
@@ -263,9 +264,30 @@ def test_api_key_never_reaches_the_logs(server, caplog):
     assert not leaks, f"the API key is in the log: {leaks}"
 
 
-# --- SIGINT / SIGTERM ----------------------------------------------------------------------------------------
-def _frozen_client(port: int) -> tuple[socket.socket, bytes]:
-    """A WebSocket client that completes the handshake, then never reads nor answers (a hung peer)."""
+# --- a client's mistakes in the log ---------------------------------------------------------------------------
+def test_text_that_is_not_utf8_and_a_refused_handshake_log_one_warning_line_each(server, caplog):
+    """A client's mistake is not a server error: each is one warning line, without a traceback (uvicorn logged the
+    first as an error with its traceback, and a refused handshake as "ASGI callable returned without completing
+    handshake", an error)."""
+    with caplog.at_level(logging.WARNING):
+        s, rest = _handshake(server)
+        text = b"\xff\xfe not UTF-8"
+        s.sendall(bytes([0x81, 0x80 | len(text)]) + bytes(4) + text)  # a masked text frame (mask 0: payload as is)
+        code, frames = _close_code(s, rest, 10)
+        s.close()
+        assert code == 1007 and not frames, (code, frames)  # invalid frame payload data
+        with pytest.raises(InvalidStatus) as refused:
+            session(server, "?api_key=not-the-Key_7")
+        assert refused.value.response.status_code == 401
+        time.sleep(1.0)  # uvicorn's own line would follow the app's return within milliseconds
+    lines = [(r.levelname, r.getMessage(), r.exc_info, r.exc_text) for r in caplog.records]
+    assert [line[0] for line in lines] == ["WARNING", "WARNING"], f"log records: {lines}"
+    assert all("\n" not in message and not exc and not exc_text for _, message, exc, exc_text in lines), lines
+    assert "not UTF-8" in lines[0][1] and "401" in lines[1][1] and "not-the-Key" not in lines[1][1], lines
+
+
+def _handshake(port: int) -> tuple[socket.socket, bytes]:
+    """A raw socket that has completed a WebSocket handshake (with the key); and what it read after the head."""
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
     key = base64.b64encode(os.urandom(16)).decode()
     s.sendall(f"GET /?api_key={KEY} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
@@ -273,10 +295,17 @@ def _frozen_client(port: int) -> tuple[socket.socket, bytes]:
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = s.recv(4096)
-        assert chunk, f"the server closed the frozen client's handshake: {data!r}"
+        assert chunk, f"the server closed the connection during the handshake: {data!r}"
         data += chunk
     head, rest = data.split(b"\r\n\r\n", 1)
     assert head.startswith(b"HTTP/1.1 101"), head
+    return s, rest
+
+
+# --- SIGINT / SIGTERM ----------------------------------------------------------------------------------------
+def _frozen_client(port: int) -> tuple[socket.socket, bytes]:
+    """A WebSocket client that completes the handshake, then never reads nor answers (a hung peer)."""
+    s, rest = _handshake(port)
     start = json.dumps({"type": "start"}).encode()
     s.sendall(bytes([0x81, 0x80 | len(start)]) + bytes(4) + start)  # a masked text frame (mask 0: payload as is)
     return s, rest

@@ -1,6 +1,6 @@
 """What an attack run against `asr_spec serve` found, each fixed on the ASGI server and kept fixed: uploads that
-would decode to hours of audio, connections that hold session slots while sending nothing, one client taking
-every slot, slow request heads, duplicate upload fields, object reprs and versions in answers, the API key on
+would decode to hours of audio, connections that hold session slots while sending nothing (or control messages
+alone), one client taking every slot, slow request heads, duplicate upload fields, object reprs and versions in answers, the API key on
 the command line; and the layout: the server and clients install under ``asr_spec`` only.
 
 Real servers on loopback with the tiny random model; every wait has a deadline."""
@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -122,6 +123,85 @@ def test_silent_connections_lose_their_slot_on_a_timer(tiny_target):
             assert at - began < 5, f"closed {at - began:.1f} s after start (rate window 1 s)"
             seen, _ = events_until_closed(never, 10)
             assert [e.get("code") for e in seen] == ["start_timeout"], seen
+
+
+def native(port: int):
+    c = ws(port)
+    c.send(json.dumps({"type": "start"}))
+    assert json.loads(c.recv(timeout=10))["type"] == "ready"
+    return c
+
+
+def realtime(port: int):
+    c = connect(f"ws://127.0.0.1:{port}/v1/realtime?intent=transcription", open_timeout=10, close_timeout=5)
+    assert json.loads(c.recv(timeout=10))["type"] == "session.created"
+    c.send(json.dumps({"type": "session.update", "session": {"type": "transcription"}}))
+    assert json.loads(c.recv(timeout=10))["type"] == "session.updated"
+    return c
+
+
+def repeating(c, message: str | bytes, every_s: float, seconds: float) -> tuple[list[dict], float, int | None]:
+    """Send ``message`` every ``every_s`` seconds until the server closes the connection (fail if it has not within
+    ``seconds``): the events it sent, when it closed (monotonic) and the close code."""
+    stop = threading.Event()
+
+    def send() -> None:
+        while not stop.wait(every_s):
+            try:
+                c.send(message)
+            except ConnectionClosed:
+                return
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    seen, deadline = [], time.monotonic() + seconds
+    try:
+        while True:
+            seen.append(json.loads(c.recv(timeout=max(0.01, deadline - time.monotonic()))))
+    except TimeoutError:
+        pytest.fail(f"still open after {seconds} s of {message!r}; events: {seen[-5:]}")
+    except ConnectionClosed as e:
+        return seen, time.monotonic(), e.rcvd.code if e.rcvd else None
+    finally:
+        stop.set()
+        sender.join(5)
+
+
+@pytest.mark.slow
+def test_control_messages_alone_are_idle(tiny_target):
+    """``finalize`` (native), ``input_audio_buffer.clear`` and ``.commit`` (Realtime) are no audio: a session sending
+    only them is closed at the idle timeout like a silent one (each used to reset the idle timer, and to count as 1 s
+    of audio for the rate rule: one every 25 s held a slot for ever). A session sending audio outlives it."""
+    idle = 2.0
+    cases = [("finalize", native, '{"type": "finalize"}'), ("clear", realtime, '{"type": "input_audio_buffer.clear"}'),
+             ("commit", realtime, '{"type": "input_audio_buffer.commit"}')]
+    with running(tiny_target, idle_timeout_s=idle, max_sessions=4, max_sessions_per_client=4) as srv:
+        for name, open_session, message in cases:
+            began = time.monotonic()
+            with open_session(srv.port) as c:
+                seen, at, code = repeating(c, message, 0.25, idle + 8)
+            errors = [e.get("code") or e.get("error", {}).get("code") for e in seen if e["type"] == "error"]
+            assert errors[-1:] == ["idle_timeout"] and code == 1000, f"{name}: closed with {code}, events {seen[-5:]}"
+            assert idle < at - began < idle + 5, f"{name}: closed {at - began:.1f} s after it connected"
+        with native(srv.port) as speaking:  # 0.1 s of audio every 0.1 s for twice the idle timeout
+            for _ in range(int(2 * idle / 0.1)):
+                speaking.send(bytes(3200))
+                time.sleep(0.1)
+            speaking.send(json.dumps({"type": "close"}))
+            seen, _ = events_until_closed(speaking, 30)
+            assert seen[-1]["type"] == "closed" and not [e for e in seen if e["type"] == "error"], seen[-5:]
+
+
+@pytest.mark.slow
+def test_control_messages_are_no_audio_for_the_rate_rule(tiny_target):
+    """A session must send 1 s of audio per rate window (here 1 s); finalize and commit no longer count as 1 s each."""
+    cases = [("finalize", native, '{"type": "finalize"}'), ("commit", realtime, '{"type": "input_audio_buffer.commit"}')]
+    with running(tiny_target, rate_window_s=1.0, idle_timeout_s=30, max_sessions=4, max_sessions_per_client=4) as srv:
+        for name, open_session, message in cases:
+            with open_session(srv.port) as c:
+                seen, _, code = repeating(c, message, 0.1, 10)
+            errors = [e.get("code") or e.get("error", {}).get("code") for e in seen if e["type"] == "error"]
+            assert errors[-1:] == ["too_slow"] and code == 1008, f"{name}: closed with {code}, events {seen[-5:]}"
 
 
 @pytest.mark.slow
