@@ -73,7 +73,7 @@ class Server:
     # --- inference thread -----------------------------------------------------------------------------
     def _infer(self) -> None:
         while not self._stop.is_set():
-            if not self.engine.pending():
+            if not self.engine.poll():
                 self._live.clear()
                 self._wake.wait(0.02)
                 self._wake.clear()
