@@ -219,13 +219,17 @@ def test_bearer_token_idle_timeout_and_oversized_messages(transcriber):
 
 
 class GermanFails(Engine):
-    """The real engine, except that a batch holding a German request raises (a stand-in for any input the
-    decoder cannot handle)."""
+    """The real engine, except that its recognizer raises on a batch holding a German request (a stand-in for any
+    input the decoder cannot handle)."""
 
-    def _decode(self, requests):
-        if any(r.language == "de" for r in requests):
-            raise RuntimeError("injected failure")
-        return super()._decode(requests)
+    def __init__(self, transcriber: Transcriber):
+        class FailsOnGerman(Transcriber):
+            def decode(self, memories, requests, *args, **kwargs):
+                if any(self.vocab.languages["de"] in r.prompt for r in requests):
+                    raise RuntimeError("injected failure")
+                return super().decode(memories, requests, *args, **kwargs)
+
+        super().__init__(FailsOnGerman(transcriber.target, transcriber.draft))
 
 
 def test_a_stream_that_cannot_be_decoded_ends_alone(transcriber):

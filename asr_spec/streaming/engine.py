@@ -99,17 +99,24 @@ class Engine:
         """Take in the audio that arrived (voice detection, counted as the engine's work) and say whether a stream
         is due to be decoded."""
         t0 = time.perf_counter()
+        self._listen()
         with self._lock:
-            for s in self._streams.values():
-                s.listen()
             due = any(s.due(self.load_step_s) for s in self._streams.values())
         self.busy_s += time.perf_counter() - t0
         return due
+
+    def _listen(self) -> None:
+        """Voice detection of every stream's new audio, outside the engine's lock (only this thread listens)."""
+        with self._lock:
+            streams = list(self._streams.values())
+        for s in streams:
+            s.listen()
 
     def step(self) -> dict[int, list[Event]]:
         """Decode one batch of due streams (finals first, then by waiting time); return events per stream id."""
         events: dict[int, list[Event]] = {}
         t0 = time.perf_counter()
+        self._listen()
         with self._lock:
             batch = self._gather(events)
         if not batch:
@@ -140,7 +147,6 @@ class Engine:
         streams nearly due to fill it. Flushes that need no decode are settled here, into ``events``."""
         due = []
         for sid, s in self._streams.items():
-            s.listen()
             kind = s.due(self.load_step_s)
             if kind == "final" and (settled := s.settle_flush()) is not None:
                 events[sid] = settled

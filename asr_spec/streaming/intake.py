@@ -2,10 +2,13 @@
 
 ``feed`` only queues (a fast sender costs the receiving thread nothing); ``listen`` — run by the engine's thread,
 so that detection never competes with a decode for the CPU — moves the queue into the buffer and detects voice.
+The queue has a lock of its own: the engine listens without holding its lock, so detecting voice in a long backlog
+never holds up other sessions' calls.
 Every sample received leaves the buffer exactly once (``drop``), decoded or skipped as silence.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -29,11 +32,13 @@ class Intake:
         self.waiting_since: float | None = None  # wall time of the oldest audio not yet in a decode request
         self._queued: list[np.ndarray] = []  # received, not yet listened to
         self._queued_s = 0.0
+        self._queue_lock = threading.Lock()
 
     def feed(self, audio: np.ndarray) -> None:
         audio = np.asarray(audio, dtype=np.float32)
-        self._queued.append(audio)
-        self._queued_s += len(audio) / SAMPLE_RATE
+        with self._queue_lock:
+            self._queued.append(audio)
+            self._queued_s += len(audio) / SAMPLE_RATE
         self.stats.audio_s += len(audio) / SAMPLE_RATE
         if self.waiting_since is None and len(audio):
             self.waiting_since = time.monotonic()
@@ -41,11 +46,13 @@ class Intake:
     def listen(self, keep_silence: bool) -> None:
         """Move queued audio into the buffer, detecting voice in it. While the buffer holds no speech (and
         ``keep_silence`` is false: nothing in it is committed) only a short pre-roll of it is kept."""
-        if not self._queued:
-            return
-        audio = np.concatenate(self._queued)
-        self._queued, self._queued_s = [], 0.0
-        self.audio = np.concatenate([self.audio, audio])
+        with self._queue_lock:
+            if not self._queued:
+                return
+            queued, self._queued = self._queued, []
+            self.audio = np.concatenate([self.audio, *queued])
+            self._queued_s = 0.0
+        audio = self.audio[len(self.audio) - sum(map(len, queued)):]
         self.since_decode += len(audio) / SAMPLE_RATE
         if self.vad is None:
             return
