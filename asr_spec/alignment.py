@@ -198,13 +198,34 @@ def align_many(model: Whisper, windows: list[Alignment]) -> list[list[list[Word]
         n_frames = max(1, min(w.frames // 2, lengths[b]))
         n = len(prefix) + len(text) + 1
         att = torch.stack([scores[layer][b, head, :n, :n_frames] for layer, head in heads]).float().softmax(-1)
-        out[i] = _words(model, w, att, len(prefix) - 1, token_probs)
+        out[i] = _words(model, w.segments, w.language, att, len(prefix) - 1, token_probs)
     return out
 
 
-def _words(model: Whisper, w: Alignment, att: torch.Tensor, at: int, token_probs: np.ndarray) -> list[list[Word]]:
+def decoded_words(model: Whisper, attention: torch.Tensor, tokens: list[int], before: int, frames: int,
+                  language: str | None, logprobs: list[float]) -> list[Word]:
+    """The words of ``tokens[before:]`` (aligned after ``tokens[:before]``, whose words are dropped) from the
+    cross-attention a decode recorded as it chose them (``RowResult.attention``: row j holds the alignment heads'
+    scores of the query that chose ``tokens[j]``), instead of a pass of its own. ``logprobs``: the decode's
+    log-probabilities of ``tokens[before:]`` (a word's probability is its tokens' mean); ``frames``: mel frames
+    of audio."""
+    eot = model.vocab.eot
+    text = [j for j, t in enumerate(tokens) if t < eot]
+    if not any(j >= before for j in text):
+        return []
+    rows = [j for j in text + [text[-1] + 1] if j < attention.shape[1]]  # + the query after the last text token
+    n_frames = max(1, min(frames // 2, attention.shape[2]))
+    att = attention[:, rows, :n_frames].float().softmax(-1)
+    att = torch.cat([att, att[:, -1:]], 1)  # _words leaves out a last row (the end-of-text input's)
+    probs = [0.0 if j < before else float(np.exp(logprobs[j - before])) for j in text]
+    segments = [tokens[:before], tokens[before:]]
+    return _words(model, segments, language, att, 0, np.array(probs))[1]
+
+
+def _words(model: Whisper, segments: list[list[int]], language: str | None, att: torch.Tensor, at: int,
+           token_probs: np.ndarray) -> list[list[Word]]:
     """Whisper's word timing from the alignment heads' attention ``att`` [heads, tokens, frames] of one window
-    (its text tokens start after position ``at``), grouped by ``w``'s segments."""
+    (its text tokens start after position ``at``), grouped by ``segments`` (tokens of each; only text counts)."""
     std, mean = torch.std_mean(att, dim=-2, keepdim=True, unbiased=False)
     att = _median_filter((att - mean) / std.clamp(min=1e-10), MEDIAN_WIDTH)
     matrix = att.mean(0)[at:-1]  # rows: the no-timestamps token's successors, i.e. text tokens + eot
@@ -213,11 +234,11 @@ def _words(model: Whisper, w: Alignment, att: torch.Tensor, at: int, token_probs
     times = cols[jumps] / FRAMES_PER_SECOND  # the frame where each token's row begins
     # words are split and punctuation merged within each segment: a segment's words are exactly its own tokens
     # (a streaming final that starts with "," or "book" after a committed "block" keeps them)
-    segments = [[t for t in seg if t < model.vocab.eot] for seg in w.segments]
+    segments = [[t for t in seg if t < model.vocab.eot] for seg in segments]
     starts = np.cumsum([0] + [len(seg) for seg in segments])
     out: list[list[Word]] = []
     for seg, first in zip(segments, starts):
-        split = _split_words(model, seg, w.language)
+        split = _split_words(model, seg, language)
         bounds = first + np.concatenate(([0], np.cumsum([len(toks) for _, toks in split]))).astype(int)
         out.append([Word(text_, float(times[a]), float(times[b]) if b < len(times) else float(times[-1]),
                          float(token_probs[a:b].mean()), b - a)

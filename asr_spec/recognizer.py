@@ -92,14 +92,16 @@ class Recognizer:
     def decode(self, memories: tuple[torch.Tensor, torch.Tensor | None], requests: list[Request],
                temperature: float = 0.0, timestamps: bool = True, *, k: int = K, draft_stop: float = DRAFT_STOP,
                seed: int = 0, use_draft: bool = True, adaptive_k: bool = True, keep_cross: bool = False,
-               cross: tuple[CrossKV | None, CrossKV | None] = (None, None)) -> list[RowResult]:
+               cross: tuple[CrossKV | None, CrossKV | None] = (None, None),
+               attention_heads: tuple[tuple[int, int], ...] = ()) -> list[RowResult]:
         """One speculative decode of a batch of windows (``memories`` rows match ``requests``). Sampling
         (``temperature`` > 0) draws with noise keyed by ``seed`` and each request's key: the same tokens with
         and without the draft, at any draft length. ``cross``: the decoders' cross-attention keys and values of
-        ``memories`` where known (a stream keeps those of the audio it has encoded before)."""
+        ``memories`` where known (a stream keeps those of the audio it has encoded before); ``attention_heads``: the
+        (layer, head) pairs whose cross-attention each result keeps (word timing from the decode itself)."""
         draft = self.draft.decoder if (self.draft and use_draft) else None
         options = DecodeOptions(LogitRules.whisper(self.vocab, timestamps), self.vocab.eot, self.vocab.no_speech,
-                                Sampler(temperature, seed), k if draft else 0, draft_stop, keep_cross)
+                                Sampler(temperature, seed), k if draft else 0, draft_stop, keep_cross, attention_heads)
         return speculative_decode(Decoders(self.target.decoder, draft, self.costs if adaptive_k else None),
                                   memories, requests, options, cross)
 

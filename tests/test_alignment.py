@@ -1,6 +1,8 @@
 """Word timestamps: the vectorised DTW against a cell-by-cell reference, and word times on a real utterance."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from conftest import DEV
@@ -82,3 +84,32 @@ def test_windows_aligned_together_get_the_words_each_gets_alone(tiny_target):
         assert [w.probability for w in b[1]] == pytest.approx([w.probability for w in a[1]], abs=1e-5)
         assert [w.probability for w in c[1]] == pytest.approx([w.probability for w in a[1]], abs=1e-5)
         assert all(w.probability == 0.0 for w in c[0])
+
+
+def test_a_decode_records_the_cross_attention_of_every_token_it_chose(tiny_target):
+    """With ``attention_heads`` a decode keeps, for each token it chose (its prefix's included), the heads' scores
+    of the query that chose it: the same scores one pass over the whole text gives; and the target's
+    log-probability of each token after the prefix. Words timed from them cover the continuation's text."""
+    import torch
+
+    from asr_spec.alignment import decoded_words
+    from asr_spec.recognizer import Recognizer
+
+    rec, dec, v = Recognizer(tiny_target), tiny_target.decoder, tiny_target.vocab
+    memory = torch.randn(1, 40, tiny_target.hf.config.d_model, generator=torch.Generator().manual_seed(0))
+    prefix = tiny_target.tokenizer.encode(" and so")
+    request = replace(rec.prompt([], "en", "transcribe", timestamps=False), prefix=prefix, sample_len=12)
+    heads = ((0, 1), (1, 0))
+    result = rec.decode((memory, None), [request], timestamps=False, attention_heads=heads)[0]
+    cont = result.tokens[len(prefix):]
+    assert cont and len(result.logprobs) == len(cont)
+    seq = request.prompt + result.tokens
+    scores: dict = {0: None, 1: None}
+    dec(dec.new_cache(memory, len(seq)), torch.tensor([seq]), torch.arange(len(seq))[None], cross_scores=scores)
+    start = len(request.prompt) - 1
+    whole = torch.stack([scores[layer][0, head, start:start + len(result.tokens)] for layer, head in heads])
+    assert result.attention.shape[:2] == (2, len(result.tokens) + (len(cont) < 12 - len(prefix)))
+    torch.testing.assert_close(result.attention[:, :len(result.tokens)], whole, atol=1e-4, rtol=1e-4)
+    words = decoded_words(tiny_target, result.attention, result.tokens, len(prefix), 80, "en", result.logprobs)
+    assert "".join(w.word for w in words).strip() == tiny_target.tokenizer.decode(cont).strip()
+    assert all(0 <= w.start <= w.end <= 0.8 for w in words) and all(0 < w.probability <= 1 for w in words)

@@ -33,6 +33,9 @@ class DecodeOptions:
     k: int = 0  # most drafted tokens per pass (0: the target alone)
     stop_below: float = 0.0  # a pass stops drafting once the draft believes every live row's proposal less than this
     keep_cross: bool = False  # each result keeps its row's cross-attention keys and values (word timestamps)
+    # (layer, head) pairs whose cross-attention scores each result keeps, for every token it chose (word timing from
+    # the decode itself: streaming's AlignAtt)
+    attention_heads: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,10 @@ class RowResult:
     no_speech_prob: float
     stats: RowStats
     cross: CrossKV | None = None  # with DecodeOptions.keep_cross
+    # with DecodeOptions.attention_heads: [heads, len(tokens) + 1, S] scores before the softmax; row j is the query
+    # that chose tokens[j], the last the one after the last token (when the decode ended with end-of-text)
+    attention: torch.Tensor | None = None
+    logprobs: list[float] = field(default_factory=list)  # the target's, of each token after the prefix
 
     @property
     def avg_logprob(self) -> float:
@@ -130,8 +137,7 @@ class DecodingTask:
         self.d_memory = self._draft_view(memories[1], lengths), capacity
         self.d_cross = cross[1]
         self.seq = torch.full((b, capacity), o.eot, dtype=torch.long, device=dev)
-        for i, p in enumerate(self.prompts):
-            self.seq[i, : len(p)] = torch.tensor(p)
+        self.seq[:, :longest] = torch.tensor([p + [o.eot] * (longest - len(p)) for p in self.prompts])  # one copy
         self.n = torch.tensor([len(p) for p in self.prompts], device=dev)  # tokens in each live row
         self.dn = torch.zeros_like(self.n)  # tokens the draft's cache holds
         self.live = list(range(b))  # request index of each live row
@@ -144,6 +150,11 @@ class DecodingTask:
         self.stats = [RowStats() for _ in range(b)]
         self.results: list[RowResult | None] = [None] * b
         self.sot_pending = [r for r, q in enumerate(requests) if q.sot_index == len(self.prompts[r]) - 1]
+        self.logprobs: list[list[float]] = [[] for _ in requests]
+        self.heads: dict[int, list[int]] = {}  # layer -> its heads whose cross-attention is recorded
+        for layer, head in o.attention_heads:
+            self.heads.setdefault(layer, []).append(head)
+        self.attention: list[dict[int, torch.Tensor]] = [{} for _ in requests]  # per row: position -> [heads, S]
 
     def _draft_view(self, memory: torch.Tensor | None, lengths: list[int] | None
                     ) -> tuple[torch.Tensor | None, list[int] | None]:
@@ -184,7 +195,9 @@ class DecodingTask:
         b = len(self.live)
         pos = torch.arange(width, device=self.dev).expand(b, width)
         at = torch.tensor([r.sot_index for r in self.requests], device=self.dev).clamp(max=width - 1)[:, None]
-        first = self.target(self.t_cache, self.seq[:, :width], pos, at)
+        scores = self._scores()
+        first = self.target(self.t_cache, self.seq[:, :width], pos, at, cross_scores=scores)
+        self._record(scores, [range(len(r.prompt) - 1, len(p) - 1) for r, p in zip(self.requests, self.prompts)], 0)
         self.no_speech_prob = torch.softmax(first[:, 0].float(), dim=-1)[:, self.o.no_speech].tolist()
 
     def noise(self, step: int) -> torch.Tensor | None:
@@ -261,9 +274,14 @@ class DecodingTask:
         m, kk = drafts.shape
         n, rows = self.n, self.live
         feed = torch.cat([self.seq.gather(1, (n - 1)[:, None]), drafts], dim=1)
-        logits = self.target(self.t_cache, feed, (n - 1)[:, None] + torch.arange(kk + 1, device=self.dev)).float()
-        if pending := [r for r in self.sot_pending if r in rows]:  # first pass of prompts ending with <|sot|>
-            at = [rows.index(r) for r in pending]
+        scores = self._scores()
+        logits = self.target(self.t_cache, feed, (n - 1)[:, None] + torch.arange(kk + 1, device=self.dev),
+                             cross_scores=scores).float()
+        if scores is not None:  # rejected positions are recorded again when the pass after feeds them
+            self._record(scores, [range(p - 1, p + kk) for p in n.tolist()], None)
+        place = {r: i for i, r in enumerate(rows)} if self.sot_pending else {}
+        if pending := [r for r in self.sot_pending if r in place]:  # first pass of prompts ending with <|sot|>
+            at = [place[r] for r in pending]
             for r, prob in zip(pending, torch.softmax(logits[at, 0], dim=-1)[:, self.o.no_speech].tolist()):
                 self.no_speech_prob[r] = prob
         self.sot_pending = []
@@ -283,9 +301,11 @@ class DecodingTask:
         pass (its cache holds the rows' tokens up to their start). Returns the tokens emitted per row."""
         kk, eot = drafts.shape[1], self.o.eot
         done, total = [], 0
+        n, dn = self.n.tolist(), self.dn.tolist()  # per-row bookkeeping in Python; the tensors written once below
+        rows, cols, values = [], [], []
         for i, r in enumerate(self.live):
-            a, left = accepted[i], self.room(i)
-            new = emitted[i][: min(a + 1, left)]
+            a, left = accepted[i], min(self.requests[r].sample_len - len(self.sampled[r]), self.max_pos + 1 - n[i])
+            new = emitted[i][: min(a + 1, left)]  # left: room(i)
             ended = eot in new
             if ended:
                 new = new[: new.index(eot) + 1]
@@ -295,7 +315,7 @@ class DecodingTask:
             if hinted[i]:
                 st.hint_accepted += judged
                 if drafted:  # the draft caught up to the row's start; its proposals after it were not used
-                    self.dn[i] = self.n[i]
+                    dn[i] = n[i]
             else:
                 st.drafted += kk
                 st.accepted += judged
@@ -303,10 +323,13 @@ class DecodingTask:
                 if a < kk and len(new) == a + 1:
                     st.rejected += 1
                 if kk:
-                    self.dn[i] = self.n[i] + min(a, kk - 1)
+                    dn[i] = n[i] + min(a, kk - 1)
             self.sum_logprob[r] += sum(token_lp[i][: len(new)])
-            self.seq[i, int(self.n[i]): int(self.n[i]) + len(new)] = torch.tensor(new, device=self.dev)
-            self.n[i] += len(new)
+            self.logprobs[r] += token_lp[i][: len(new)]
+            rows += [i] * len(new)
+            cols += range(n[i], n[i] + len(new))
+            values += new
+            n[i] += len(new)
             if self.following[r]:
                 self.following[r] = self.hints[r][self.generated[r]:self.generated[r] + len(new)] == new
             self.sampled[r].extend(new)
@@ -315,6 +338,10 @@ class DecodingTask:
             if ended or len(new) >= left or (self.requests[r].give_up is not None
                                              and self.requests[r].give_up(self.sampled[r], len(new))):
                 done.append((i, ended))
+        at = torch.tensor([rows, cols], dtype=torch.long, device=self.dev)
+        self.seq[at[0], at[1]] = torch.tensor(values, dtype=self.seq.dtype, device=self.dev)
+        self.n = torch.tensor(n, dtype=self.n.dtype, device=self.dev)
+        self.dn = torch.tensor(dn, dtype=self.dn.dtype, device=self.dev)
         m = len(self.live)
         self.finish(done)
         return total / m
@@ -328,7 +355,8 @@ class DecodingTask:
             tokens = self.sampled[r][:-1] if ended else list(self.sampled[r])
             self.stats[r].tokens = len(tokens)
             self.results[r] = RowResult(tokens, self.sum_logprob[r], self.no_speech_prob[r], self.stats[r],
-                                        self._cross_of(r))
+                                        self._cross_of(r), self._attention_of(r, len(tokens)),
+                                        self.logprobs[r][:len(tokens) - len(self.requests[r].prefix)])
         gone = {i for i, _ in done}
         keep = [i for i in range(len(self.live)) if i not in gone]
         idx = torch.tensor(keep, dtype=torch.long, device=self.dev)
@@ -338,6 +366,32 @@ class DecodingTask:
         if self.d_cache is not None:
             self.d_cache = self.d_cache.select(idx)
 
+
+    def _scores(self) -> dict[int, torch.Tensor | None] | None:
+        """What the target fills with the recorded layers' cross-attention scores (None: nothing recorded)."""
+        return {layer: None for layer in self.heads} if self.heads else None
+
+    def _record(self, scores: dict[int, torch.Tensor | None] | None, positions: list[range], first: int | None
+                ) -> None:
+        """Keep the recorded heads' scores of the queries at ``positions`` (per live row; the pass fed positions from
+        ``first``, or from each range's start)."""
+        if scores is None:
+            return
+        picked = torch.cat([scores[layer][:, heads] for layer, heads in self.heads.items()], dim=1)  # [m, h, T, S]
+        for i, (r, where) in enumerate(zip(self.live, positions)):
+            start = where.start if first is None else first
+            for p in where:
+                self.attention[r][p] = picked[i, :, p - start].clone()
+
+    def _attention_of(self, r: int, tokens: int) -> torch.Tensor | None:
+        """Row r's recorded scores [heads, tokens + 1 (or tokens), S] from the query that chose its prefix's first
+        token (see ``RowResult.attention``)."""
+        if not self.heads:
+            return None
+        rows, start = self.attention[r], len(self.requests[r].prompt) - 1
+        kept = [rows[p] for p in range(start, start + tokens + 1) if p in rows]
+        self.attention[r] = {}
+        return torch.stack(kept, dim=1) if kept else None
 
     def _cross_of(self, r: int) -> CrossKV | None:
         if self.cross is None:

@@ -46,11 +46,13 @@ class EncoderCache:
 
 
 @torch.inference_mode()
-def encode_tail(encoder: nn.Module, mel: torch.Tensor, cache: EncoderCache, freeze: int) -> torch.Tensor:
+def encode_tail(encoder: nn.Module, mel: torch.Tensor, cache: EncoderCache, freeze: int,
+                audio: int | None = None) -> torch.Tensor:
     """The encoder output [1, S, D] (float32) of a buffer whose log-mel frames from ``2 * cache.frozen - 4`` on are
     ``mel`` [1, n_mels, M] (``first_frame(cache)`` says where ``mel`` must start; frames before it are not read):
     positions ``cache.frozen`` .. S are computed, those before come from the cache. Positions up to ``freeze`` (of
-    those computed) join the frozen ones. ``encoder``: a transformers ``WhisperEncoder`` (its linear layers may be
+    those computed) join the frozen ones; with ``audio`` (the positions that hold audio; silence pads the rest) they
+    attend to audio only, so that what they keep does not depend on the padding. ``encoder``: a transformers ``WhisperEncoder`` (its linear layers may be
     int8 ones: they are exact per row, so a position's numbers do not depend on the others computed with it)."""
     frozen = cache.frozen
     dtype = encoder.conv1.weight.dtype
@@ -59,6 +61,11 @@ def encode_tail(encoder: nn.Module, mel: torch.Tensor, cache: EncoderCache, free
     x = x[:, frozen - first_frame(cache) // 2:]  # the positions before ``frozen`` read the start's zero padding
     end = frozen + x.shape[1]
     x = x + encoder.embed_positions.weight[frozen:end]
+    n = max(0, min(freeze, end) - frozen)
+    mask = None
+    if n and audio is not None and audio < end:
+        mask = torch.ones(end - frozen, end, dtype=torch.bool, device=x.device)
+        mask[:n, audio:] = False
     fresh: list[tuple[torch.Tensor, torch.Tensor]] = []
     for i, layer in enumerate(encoder.layers):
         attn = layer.self_attn
@@ -69,12 +76,12 @@ def encode_tail(encoder: nn.Module, mel: torch.Tensor, cache: EncoderCache, free
         fresh.append((k, v))
         if frozen:
             k, v = torch.cat([cache.keys[i], k], 2), torch.cat([cache.values[i], v], 2)
-        a = F.scaled_dot_product_attention(q, k, v, scale=1.0)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
         x = x + attn.out_proj(a.transpose(1, 2).reshape(b, t, -1))
         x = x + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(x))))
     out = encoder.layer_norm(x)
     whole = torch.cat([cache.out, out], 1) if frozen else out
-    if (n := min(freeze, end) - frozen) > 0:
+    if n:
         for i, (k, v) in enumerate(fresh):
             k, v = k[:, :, :n], v[:, :, :n]
             if frozen:

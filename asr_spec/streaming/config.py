@@ -43,6 +43,10 @@ class EngineConfig:
     encoder_window: str = WINDOWS[0]
     lookahead_s: float = 1.0
     pad_s: float = 1.0
+    frozen_hear_pad: bool = True
+    # where AlignAtt's word times come from: "decode" (the cross-attention the decode recorded as it chose the
+    # tokens) or "pass" (a pass of the target decoder over the text after the decode, Whisper's word alignment)
+    alignment: str = "pass"
     # Whisper's hallucination thresholds; a shorter fallback ladder than offline (each step is a full decode)
     checks: Checks = Checks(temperatures=(0.0, 0.4, 0.8))
     # a row holds at most its prefix + 16 + this many tokens per second of its audio (capped at Whisper's 224):

@@ -14,7 +14,7 @@ from functools import partial
 
 import torch
 
-from ..alignment import Alignment, Word, align, align_many
+from ..alignment import Alignment, Word, align, align_many, alignment_heads, decoded_words
 from ..decoding.speculative import SAMPLE_LEN, RowResult
 from ..features import HOP, N_FRAMES, SAMPLE_RATE
 from ..models.kv_decoder import CrossKV, stack_cross
@@ -59,7 +59,10 @@ def decode_batch(rec: Recognizer, requests: list[Request], c: EngineConfig) -> l
     rows = [replace(rec.prompt(r.context, lang, r.task, timestamps=True), prefix=r.prefix, hint=r.hint,
                     sample_len=min(SAMPLE_LEN, len(r.prefix) + 16 + int(c.tokens_per_s * len(r.audio) / SAMPLE_RATE)))
             for r, lang in zip(requests, languages)]
-    decode = partial(rec.decode, k=c.k, draft_stop=c.draft_stop, seed=c.checks.seed, keep_cross=True)
+    # AlignAtt's rows: their words from the decode's own cross-attention, or from a pass of their own after it
+    heads = tuple(alignment_heads(rec.target)) if c.alignment == "decode" and any(r.aligns for r in requests) else ()
+    decode = partial(rec.decode, k=c.k, draft_stop=c.draft_stop, seed=c.checks.seed, keep_cross=True,
+                     attention_heads=heads)
     short = [n < N_FRAMES // 2 for n in lengths]  # a looped decode of such a row is decoded again on 30 s
     results = decode(memories, [replace(row, memory_length=n, give_up=partial(rec.looping, positions=n) if s else None)
                                 for row, n, s in zip(rows, lengths, short)], cross=cross)
@@ -76,7 +79,7 @@ def decode_batch(rec: Recognizer, requests: list[Request], c: EngineConfig) -> l
                                 c.checks.temperatures[attempt], cross=(own.cross, own.draft_cross))[0]
         memory.append(own.memory)
         fallbacks.append(tries)
-    words = _align_continuations(rec, requests, results, memory, languages)
+    words = (_decoded_continuations if heads else _align_continuations)(rec, requests, results, memory, languages)
     return [Decoded(result, lang, not rec.needs_fallback(result, c.checks), tries,
                     _aligner(rec, r, mem, lang, result, known) if r.timed else None)
             for r, result, mem, lang, tries, known in zip(requests, results, memory, languages, fallbacks, words)]
@@ -101,6 +104,19 @@ def _aligner(rec: Recognizer, request: Request, memory: torch.Tensor, language: 
             log.exception("aligning words failed")
             return []
     return words
+
+
+def _decoded_continuations(rec: Recognizer, requests: list[Request], results: list[RowResult],
+                           memory: list[torch.Tensor], languages: list[str | None]) -> list[dict[tuple, list[Word]]]:
+    """:func:`_align_continuations` from the cross-attention each decode recorded as it chose its tokens."""
+    out: list[dict[tuple, list[Word]]] = [{} for _ in requests]
+    for i, (r, result) in enumerate(zip(requests, results)):
+        if r.aligns and result.attention is not None:
+            cont = result.tokens[len(r.prefix):]
+            out[i][(tuple(r.prefix), tuple(cont))] = decoded_words(
+                rec.target, result.attention, result.tokens, len(r.prefix), len(r.audio) // HOP, languages[i],
+                result.logprobs)
+    return out
 
 
 def _align_continuations(rec: Recognizer, requests: list[Request], results: list[RowResult],
