@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from tiny import save_tiny
 
 from asr_spec.models.loader import embedded_dir, load_target
@@ -16,6 +17,22 @@ if not DEV.exists():  # CI clones next to shared/ as well; allow an override
     DEV = Path(os.environ.get("ASR_SPEC_DEV", DEV))
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Fast tests (tiny random models) run torch on one thread. Their matrices are a few dozen wide, so a second
+    OpenMP thread buys nothing, and on a 2-core machine where anything else runs each operation waits for a
+    descheduled worker thread (measured: a 0.8 s test took 7-16 s with 2 threads, the fast loop 29 minutes instead
+    of about 3). The code under test is the same either way. `slow` tests (real weights) keep the process's count;
+    the count in force before a test is restored after its teardown."""
+    before = torch.get_num_threads()
+    if item.get_closest_marker("slow") is None:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
     return save_tiny(tmp_path_factory.mktemp("tiny_target"), seed=0)
@@ -24,6 +41,14 @@ def tiny_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_target(tiny_dir):
     return load_target(str(tiny_dir))
+
+
+@pytest.fixture(scope="session")
+def short_target(tmp_path_factory):
+    """A tiny random Whisper like ``tiny_target`` with 32 decoder positions: a window decodes a few tokens where
+    ``tiny_target`` runs on to 224, so tests of what surrounds the decoder (audio, the window loop, workers) are
+    quick. Shared by every test: none may change it."""
+    return load_target(str(save_tiny(tmp_path_factory.mktemp("short_target"), seed=0, max_target_positions=32)))
 
 
 @pytest.fixture(scope="session")

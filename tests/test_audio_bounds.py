@@ -14,22 +14,14 @@ import soundfile as sf
 import soxr
 import torch
 from conftest import DEV
-from tiny import save_tiny
 
 from asr_spec.audio import SAMPLE_RATE, AudioError, AudioFile, AudioTooLong, Cursor, decode_audio, load_audio
 from asr_spec.features import N_FRAMES, Features, log_mel
-from asr_spec.models.loader import load_target
 from asr_spec.recognizer import Checks
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 JFK = DEV / "jfk-inaugural-1961-ask-not.wav"
 LONG = DEV / "longform" / "ljspeech-LJ001-0001_to_LJ001-0032.wav"
-
-
-@pytest.fixture(scope="module")
-def short_target(tmp_path_factory):
-    """A tiny random Whisper with 32 decoder positions: a window decodes a few tokens, so long files are quick."""
-    return load_target(str(save_tiny(tmp_path_factory.mktemp("short_target"), seed=0, max_target_positions=32)))
 
 
 def _flac_claiming(path, frames: int, seconds: float, rate: int, channels: int) -> None:

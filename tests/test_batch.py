@@ -30,8 +30,8 @@ def _bad() -> np.ndarray:
     raise AudioError("broken.wav", "not audio")
 
 
-def test_a_batch_gives_each_file_its_own_text_and_reports_a_bad_one(tiny_target):
-    tr = Transcriber(tiny_target, load_draft("layers:0,1", tiny_target))
+def test_a_batch_gives_each_file_its_own_text_and_reports_a_bad_one(short_target):
+    tr = Transcriber(short_target, load_draft("layers:0,1", short_target))
     audios = {"short": _noise(2, 0), "two windows": _noise(34, 1), "empty": np.zeros(0, np.float32),
               "mid": _noise(6, 2)}
     items = [(name, lambda a=a: a) for name, a in audios.items()]

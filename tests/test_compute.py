@@ -132,15 +132,15 @@ def test_speculation_is_exact_at_every_compute_type(typed_target):
     ref = _decode(typed_target, None, PROMPTS, 0)
     for i, p in enumerate(PROMPTS):
         _near_tie(typed_target, mem[i:i + 1], p, ref[i].tokens, _decode(typed_target, None, [p], 0, memory=mem[i:i + 1])[0].tokens)
+    drafts = {int8: load_draft("layers:0", typed_target, int8=int8 and int8_kernels("cpu")) for int8 in (False, True)}
     for k in (1, 4):
         for int8 in (False, True):
-            draft = load_draft("layers:0", typed_target, int8=int8 and int8_kernels("cpu"))
-            for i, r in enumerate(_decode(typed_target, draft, PROMPTS, k)):
+            for i, r in enumerate(_decode(typed_target, drafts[int8], PROMPTS, k)):
                 _near_tie(typed_target, mem[i:i + 1], PROMPTS[i], ref[i].tokens, r.tokens)
     sampler = lambda: Sampler(0.7, seed=3)  # noqa: E731
     alone = _decode(typed_target, None, PROMPTS * 4, 0, sampler(), _memory(12))
     assert len({tuple(r.tokens) for r in alone}) > 3  # really sampling
-    spec = _decode(typed_target, load_draft("layers:0", typed_target), PROMPTS * 4, 3, sampler(), _memory(12))
+    spec = _decode(typed_target, drafts[True], PROMPTS * 4, 3, sampler(), _memory(12))  # load_draft's CPU default
     assert [r.tokens for r in spec] == [r.tokens for r in alone]
 
 

@@ -1,6 +1,8 @@
 """The static-KV-cache decoder and the speculative loop on tiny random-weight models."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -79,6 +81,28 @@ PROMPTS = [[50258, 50259, 50359], [50258, 50259, 50359, 50363], [50361, 100, 200
            [50258, 50259, 50358, 50363]]
 
 
+_REFERENCES: dict = {}
+_DRAFTS: dict = {}
+
+
+def _reference(model, prompts, timestamps, sample_len=40):
+    """Target-only greedy decoding (no draft, K = 0) of ``prompts``: deterministic, so each distinct call is decoded
+    once and shared by the tests that compare against it (the model is session-wide and never changed)."""
+    key = (id(model), tuple(map(tuple, prompts)), timestamps, sample_len)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = _decode(model, None, prompts, timestamps, 0, sample_len)
+    return copy.deepcopy(_REFERENCES[key])
+
+
+def _draft(spec, model, int8=None):
+    """``load_draft(spec, model, int8)``, built once per module: a draft holds weights only (each decode makes its
+    own caches), so the tests that decode with the same one share it."""
+    key = (spec, id(model), int8)
+    if key not in _DRAFTS:
+        _DRAFTS[key] = load_draft(spec, model, int8=int8)
+    return _DRAFTS[key]
+
+
 def _decode(model, draft, prompts, timestamps, k, sample_len=40, stop_below=0.0, prefixes=None, hints=None, costs=None,
             draft_view=None):
     v = model.vocab
@@ -98,8 +122,8 @@ def _decode(model, draft, prompts, timestamps, k, sample_len=40, stop_below=0.0,
 @pytest.mark.parametrize("int8", [False, True])
 def test_speculative_greedy_equals_target_greedy_tiny(tiny_target, timestamps, k, draft_spec, int8):
     prompts = [p for p in PROMPTS if timestamps != (50363 in p)] * 2
-    ref = _decode(tiny_target, None, prompts, timestamps, 0)
-    spec = _decode(tiny_target, load_draft(draft_spec, tiny_target, int8=int8), prompts, timestamps, k)
+    ref = _reference(tiny_target, prompts, timestamps)
+    spec = _decode(tiny_target, _draft(draft_spec, tiny_target, int8), prompts, timestamps, k)
     for r, s in zip(ref, spec):
         assert s.tokens == r.tokens
         assert s.no_speech_prob == pytest.approx(r.no_speech_prob, abs=1e-5)
@@ -112,8 +136,8 @@ def test_speculative_greedy_equals_target_greedy_tiny(tiny_target, timestamps, k
 def test_a_draft_reading_part_of_the_encoder_output_changes_speed_not_text(tiny_target):
     """The draft may read fewer encoder positions than the target (only the window's audio): per-row views, the
     memory cut to the longest; the text stays the target's and the draft's proposals change."""
-    draft = load_draft("layers:0,1", tiny_target, int8=False)  # the target itself: a full view accepts everything
-    ref = _decode(tiny_target, None, PROMPTS, True, 0)
+    draft = _draft("layers:0,1", tiny_target, False)  # the target itself: a full view accepts everything
+    ref = _reference(tiny_target, PROMPTS, True)
     full = _decode(tiny_target, draft, PROMPTS, True, 3)
     part = _decode(tiny_target, draft, PROMPTS, True, 3, draft_view=[3, 5, None, 2])
     assert [p.tokens for p in part] == [f.tokens for f in full] == [r.tokens for r in ref]
@@ -124,8 +148,8 @@ def test_a_draft_reading_part_of_the_encoder_output_changes_speed_not_text(tiny_
 @pytest.mark.parametrize("single_row", [True, False])
 def test_adaptive_draft_length_stops_early_and_stays_exact(tiny_target, single_row):
     prompts = PROMPTS[:1] if single_row else PROMPTS
-    draft = load_draft("layers:0,1", tiny_target)
-    ref = _decode(tiny_target, None, prompts, True, 0)
+    draft = _draft("layers:0,1", tiny_target)
+    ref = _reference(tiny_target, prompts, True)
     full = _decode(tiny_target, draft, prompts, True, 6)
     adaptive = _decode(tiny_target, draft, prompts, True, 6, stop_below=0.05)
     for r, f, a in zip(ref, full, adaptive):
@@ -137,9 +161,9 @@ def test_adaptive_draft_length_stops_early_and_stays_exact(tiny_target, single_r
 def test_rows_finish_independently_and_respect_sample_len(tiny_target):
     prompts = PROMPTS[:2]
     for k in (0, 4):
-        out = _decode(tiny_target, load_draft("layers:0,1", tiny_target), prompts, True, k, sample_len=7)
+        out = _decode(tiny_target, _draft("layers:0,1", tiny_target), prompts, True, k, sample_len=7)
         assert all(len(r.tokens) <= 7 for r in out)
-        assert [r.tokens for r in out] == [r.tokens for r in _decode(tiny_target, None, prompts, True, 0, 7)]
+        assert [r.tokens for r in out] == [r.tokens for r in _reference(tiny_target, prompts, True, 7)]
 
 
 @pytest.mark.parametrize("k", [0, 4])
@@ -147,8 +171,8 @@ def test_each_row_may_have_its_own_sample_len(tiny_target, k):
     """Streaming caps a short piece's row at what its audio can hold: each row stops at its own limit and
     is the prefix of what it would have been with a larger one (the other rows are not affected)."""
     prompts = PROMPTS[:3]
-    draft = load_draft("layers:0,1", tiny_target)
-    longest = [r.tokens for r in _decode(tiny_target, None, prompts, True, 0, 40)]
+    draft = _draft("layers:0,1", tiny_target)
+    longest = [r.tokens for r in _reference(tiny_target, prompts, True, 40)]
     limits = [5, 40, 9]
     out = [r.tokens for r in _decode(tiny_target, draft, prompts, True, k, sample_len=limits)]
     for tokens, full, limit in zip(out, longest, limits):
@@ -162,8 +186,8 @@ def test_hints_are_free_drafts_and_never_change_the_output(tiny_target, k):
     """Streaming re-decodes verify the previous hypothesis first: right, half right or wrong hints,
     with or without a draft after them, give the target's own greedy tokens."""
     prompts = PROMPTS[:2]
-    draft = load_draft("layers:0", tiny_target) if k else None
-    ref = _decode(tiny_target, None, prompts, True, 0)
+    draft = _draft("layers:0", tiny_target) if k else None
+    ref = _reference(tiny_target, prompts, True)
     truth = [r.tokens for r in ref]
     for hints in (truth, [t[: len(t) // 2] + [5, 6, 7] for t in truth], [[9, 9, 9]] * 2, [truth[0], []]):
         out = _decode(tiny_target, draft, prompts, True, k, hints=hints)
@@ -179,9 +203,9 @@ def test_hints_are_free_drafts_and_never_change_the_output(tiny_target, k):
 
 def test_a_prefix_is_forced_and_continued_like_the_target_would(tiny_target):
     prompts = PROMPTS[:2]
-    full = _decode(tiny_target, None, prompts, True, 0)
+    full = _reference(tiny_target, prompts, True)
     prefixes = [r.tokens[:3] for r in full]
-    out = _decode(tiny_target, load_draft("layers:0,1", tiny_target), prompts, True, 3, prefixes=prefixes)
+    out = _decode(tiny_target, _draft("layers:0,1", tiny_target), prompts, True, 3, prefixes=prefixes)
     assert [r.tokens for r in out] == [r.tokens for r in full]  # greedy: forcing its own start changes nothing
 
 
@@ -190,7 +214,7 @@ def test_a_prefix_longer_than_sample_len_ends_the_row(tiny_target, k):
     """Regression: a forced prefix that fills ``sample_len`` left a negative room and the loop spun for ever."""
     prompts = PROMPTS[:2]
     prefixes = [[100 + i for i in range(12)], [300, 301]]  # row 0's prefix alone exceeds sample_len=7
-    out = _guarded(lambda: _decode(tiny_target, load_draft("layers:0,1", tiny_target) if k else None, prompts,
+    out = _guarded(lambda: _decode(tiny_target, _draft("layers:0,1", tiny_target) if k else None, prompts,
                                    True, k, sample_len=7, prefixes=prefixes))
     assert out[0].tokens == prefixes[0]  # nothing was added to a full row
     assert out[1].tokens[:2] == prefixes[1] and len(out[1].tokens) <= 7
@@ -203,7 +227,7 @@ def test_prompt_and_prefix_at_the_position_limit(tiny_target, k):
     v, max_pos = tiny_target.vocab, tiny_target.decoder.max_positions
     prompt = PROMPTS[0]
     prefix = [200] * (max_pos - len(prompt))
-    draft = load_draft("layers:0,1", tiny_target) if k else None
+    draft = _draft("layers:0,1", tiny_target) if k else None
     out = _guarded(lambda: _decode(tiny_target, draft, [prompt, PROMPTS[1]], True, k, sample_len=10_000,
                                    prefixes=[prefix, []]))
     assert out[0].tokens[:len(prefix)] == prefix and len(out[0].tokens) <= len(prefix) + 1
@@ -254,9 +278,9 @@ def test_the_cost_model_tries_every_length_then_runs_the_fastest_and_probes_its_
 def test_a_decode_with_the_cost_model_is_exact_and_follows_it(tiny_target, fastest):
     """Whatever draft length the cost model picks, greedy output is the target's own; a draft length
     measured slow is run only on the probe passes."""
-    draft = load_draft("layers:0,1", tiny_target, int8=False)  # the target itself: every draft is accepted
+    draft = _draft("layers:0,1", tiny_target, False)  # the target itself: every draft is accepted
     prompts = PROMPTS[:2]
-    ref = _decode(tiny_target, None, prompts, True, 0, sample_len=60)
+    ref = _reference(tiny_target, prompts, True, 60)
     costs = CostModel(tokens={k: 1.0 + k for k in range(4)}, seconds={k: 1.0 if k == fastest else 100.0 for k in range(4)},
                       counts={k: 10**9 for k in range(4)}, rate=0.0)  # as if measured for ever: they stay put
     out = _decode(tiny_target, draft, prompts, True, 3, sample_len=60, costs=costs)

@@ -38,6 +38,20 @@ def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
     return (x >> s) & ((1 << (64 - s)) - 1)
 
 
+def _mix_rows(rows: list[tuple[int, ...]], device: torch.device) -> torch.Tensor:
+    """``_mix`` of every row at once (rows of one length; int64 arithmetic wraps as the 64-bit masks do)."""
+    try:  # values that fit int64 are their own 64 bits
+        x = torch.tensor(rows, dtype=torch.long, device=device)
+    except (OverflowError, RuntimeError, ValueError):
+        x = torch.tensor([[_signed(v & _MASK) for v in row] for row in rows], dtype=torch.long, device=device)
+    h = torch.full((len(rows),), _signed(_GOLDEN), dtype=torch.long, device=device)
+    for j in range(x.shape[1]):
+        h = (h ^ x[:, j]) * _signed(_M1)
+        h = (h ^ _shr(h, 27)) * _signed(_M2)
+        h = h ^ _shr(h, 31)
+    return _shr(h, 1)
+
+
 def _uniform(starts: torch.Tensor, size: int) -> torch.Tensor:
     """[rows, size] uniforms in (0, 1): the first ``size`` outputs of the splitmix64 stream at each start
     (int64 arithmetic wraps around, as the generator needs, on every device)."""
@@ -67,7 +81,11 @@ class Sampler:
         """Gumbel noise [rows, size] for the token at ``positions[i]`` of the row keyed ``keys[i]`` (None: greedy)."""
         if self.greedy:
             return None
-        starts = torch.tensor([_mix(self.seed, *key, pos) for key, pos in zip(keys, positions)], device=device)
+        rows = [(self.seed, *key, pos) for key, pos in zip(keys, positions)]
+        if len(rows) > 128 and len({len(r) for r in rows}) == 1:  # many rows (keys of one length): as columns
+            starts = _mix_rows(rows, device)
+        else:
+            starts = torch.tensor([_mix(*r) for r in rows], device=device)
         return _uniform(starts, size).log_().neg_().log_().neg_()  # -log(-log U) is Gumbel(0, 1)
 
     def choose(self, logits: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
