@@ -125,7 +125,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .server.app import Server
     from .server.config import ServerConfig, api_keys
     from .server.files import FileWorker
-    from .streaming.engine import Engine, EngineConfig
+    from .streaming.config import EngineConfig
+    from .streaming.engine import Engine
     from .recognizer import Recognizer
     from .transcribe import Transcriber
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from starlette.websockets import WebSocket
 
-from ..streaming.stream import Event
+from ..streaming.events import Event
 from .config import match_key
 from .protocol import ProtocolError
 from .realtime_events import (UPDATES, RealtimeAudio, RealtimeError, Settings, appended_audio, base64_audio,

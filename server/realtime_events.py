@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..streaming.stream import StreamConfig
+from ..streaming.config import StreamConfig
 from .protocol import ECHO_FIELDS, AudioDecoder, ProtocolError, Start, echo, load_object
 
 UPDATES = ("session.update", "transcription_session.update")

@@ -20,7 +20,8 @@ import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..audio import SAMPLE_RATE
-from ..streaming.stream import Event, StreamConfig
+from ..streaming.config import StreamConfig
+from ..streaming.events import Event
 from .protocol import AudioDecoder, ProtocolError, parse_message, parse_start
 
 if TYPE_CHECKING:

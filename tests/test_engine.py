@@ -5,9 +5,8 @@ import numpy as np
 import pytest
 
 from asr_spec.recognizer import Recognizer
-from asr_spec.streaming.config import EngineConfig
+from asr_spec.streaming.config import EngineConfig, StreamConfig
 from asr_spec.streaming.engine import Engine
-from asr_spec.streaming.config import StreamConfig
 
 
 def _noise(seconds: float, seed: int) -> np.ndarray:

@@ -54,3 +54,9 @@ def test_a_buffer_grows_step_by_step_and_restarts_when_trimmed(tiny_target):
         torch.testing.assert_close(a, b)  # the kept keys and values are those of the memory returned
     enc.encode(audio[16000:int(3.5 * 16000)], start=1.0)  # the buffer lost its first second: encoded afresh
     assert enc.start == 1.0 and enc.cache.frozen == 75
+
+
+def test_a_full_window_keeps_to_whisper_s_1500_positions(tiny_target):
+    """A 30 s buffer (a window commit) has no room for the silence after it: it is encoded as Whisper's own window."""
+    enc = BufferEncoder(Recognizer(tiny_target), lookahead_s=1.0, pad_s=1.0)
+    assert enc.encode(_audio(30), start=0.0).positions == 1500

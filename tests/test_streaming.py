@@ -12,10 +12,8 @@ from whisper_normalizer.english import EnglishTextNormalizer
 from asr_spec.audio import load_audio
 from asr_spec.decoding.speculative import RowResult, RowStats
 from asr_spec.models.loader import default_draft, load_draft
-from asr_spec.streaming.engine import Engine, stream_audio
 from asr_spec.streaming.config import StreamConfig
-from asr_spec.streaming.request import Decoded
-from asr_spec.streaming.stream import Stream
+from asr_spec.streaming.engine import Engine, stream_audio
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 pytestmark = pytest.mark.slow  # a real server, browser, subprocess or real weights

@@ -8,7 +8,7 @@ it grows costs the whole buffer at every step. Here the positions of a buffer ar
   frozen keys and values and to each other (the frozen positions do not see the audio that came after them).
 
 So a step costs the tail, not the buffer. The frozen positions were encoded hearing only ``lookahead`` of what
-followed them, which changes what the decoder reads a little (the streaming WER is measured: README). Positions
+followed them, which changes what the decoder reads a little (its streaming WER: README, "what changes the text"). Positions
 are counted from the buffer's start: a buffer trimmed at its start is encoded afresh (:meth:`EncoderCache.truncate` to 0).
 With nothing frozen, a step computes exactly what :func:`~asr_spec.models.loader.encoder_forward` does.
 """

@@ -1,5 +1,5 @@
-"""Streaming transcription: a growing buffer re-decoded as audio arrives (see stream.py, engine.py)."""
+"""Streaming transcription: a growing buffer re-decoded as audio arrives (stream.py: one stream; engine.py: all)."""
 
-POLICIES = ("alignatt", "local-agreement")  # what a re-decode commits (stream.py); the first is the default
+POLICIES = ("alignatt", "local-agreement")  # what a re-decode commits (policy.py); the first is the default
 STEP_S = 0.5  # a stream is re-decoded after this much new audio ...
 MAX_STEP_S = 3.0  # ... or, on a loaded server, up to this much (serve --max-step; engine.py)

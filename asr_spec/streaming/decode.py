@@ -1,8 +1,8 @@
 """One engine step's decode: the requests of several streams, encoded each at its own length and decoded as one
 ragged speculative batch, with Whisper's temperature fallback and AlignAtt's word alignment.
 
-A row encoded shorter than half a window that looks looped, or (a committing row) fails Whisper's checks, is decoded
-again on Whisper's padded 30 s window, and a committing row that still fails them climbs the temperature ladder:
+A row encoded shorter than Whisper's 30 s window that looks looped, or (a committing row) fails Whisper's checks, is
+decoded again on Whisper's padded 30 s window, and a committing row that still fails them climbs the temperature ladder:
 ``Recognizer.retry`` decides, as it does for files. AlignAtt's rows have their continuations aligned together, in
 one pass of the target decoder over the cross-attention keys and values the decode kept.
 """
@@ -63,7 +63,7 @@ def decode_batch(rec: Recognizer, requests: list[Request], c: EngineConfig) -> l
     heads = tuple(alignment_heads(rec.target)) if c.alignment == "decode" and any(r.aligns for r in requests) else ()
     decode = partial(rec.decode, k=c.k, draft_stop=c.draft_stop, seed=c.checks.seed, keep_cross=True,
                      attention_heads=heads)
-    short = [n < N_FRAMES // 2 for n in lengths]  # a looped decode of such a row is decoded again on 30 s
+    short = [n < N_FRAMES // 2 for n in lengths]  # encoded shorter than 30 s: decoded again on 30 s if it loops
     results = decode(memories, [replace(row, memory_length=n, give_up=partial(rec.looping, positions=n) if s else None)
                                 for row, n, s in zip(rows, lengths, short)], cross=cross)
     memory, fallbacks = [], []

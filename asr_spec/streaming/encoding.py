@@ -80,7 +80,7 @@ class BufferEncoder:
             self.clear()
             self.start = start
         audio_frames = len(audio) // HOP
-        frames = audio_frames + self.pad
+        frames = min(N_FRAMES, audio_frames + self.pad)  # a full window's padding is its last part, as Whisper's
         frames += frames % 2  # two mel frames per encoder position
         freeze = max(0, (audio_frames - self.lookahead) // 2)
         self._cut(min(self.cache.frozen, freeze))  # a final may decode less than the buffer holds
