@@ -137,6 +137,17 @@ class Recognizer:
         4 or more tokens repeated at once. Such a window is decoded again on Whisper's padded 30 s window."""
         return self.looping(r.tokens, len(r.tokens), positions)
 
+    def overrun(self, tokens: list[int], positions: int) -> int | None:
+        """Where a decode that ``suspect`` finds went wrong (the index in ``tokens``): its first timestamp past
+        ``positions``, or the second copy of its first phrase of 4 or more tokens repeated at once; None if nowhere."""
+        tb = self.vocab.timestamp_begin
+        late = next((i for i, t in enumerate(tokens) if t >= tb and t - tb > positions), None)
+        at = [i for i, t in enumerate(tokens) if t < tb]  # where the text tokens are
+        text = [tokens[i] for i in at]
+        repeat = next((at[end - n] for end in range(8, len(text) + 1) for n in range(4, end // 2 + 1)
+                       if text[end - 2 * n:end - n] == text[end - n:end]), None)
+        return min((i for i in (late, repeat) if i is not None), default=None)
+
     def looping(self, tokens: list[int], new: int, positions: int) -> bool:
         """What ``suspect`` looks for, in the last ``new`` of ``tokens``: a timestamp past ``positions``, or a
         repeated phrase that ends there. Checked as a decode goes (``Request.give_up``), it stops a row as soon

@@ -320,3 +320,16 @@ def test_looping_is_what_suspect_finds_as_it_happens(tiny_target):
     assert not r.looping([tb, 5, *phrase, *phrase, 9], 1, 100)  # it completed earlier: found then
     assert not r.looping([tb, 5, 11, 12, 13, 11, 12, 13], 1, 100)  # 3 tokens: Whisper's own rhythm, not a loop
     assert r.looping([tb, 5, 6, tb + 120], 1, 100) and not r.looping([tb, 5, 6, tb + 90], 1, 100)
+
+
+def test_overrun_is_where_a_suspect_decode_went_wrong(tiny_target):
+    """``Recognizer.overrun``: the index of the first timestamp past the audio, or of the second copy of the first
+    phrase repeated at once (a partial that loops is kept up to there instead of decoded again on 30 s)."""
+    from asr_spec.recognizer import Recognizer
+
+    r, tb = Recognizer(tiny_target), tiny_target.vocab.timestamp_begin
+    phrase = [11, 12, 13, 14]
+    assert r.overrun([tb, 5, *phrase, *phrase, *phrase], 100) == 6  # the second copy starts at index 6
+    assert r.overrun([tb, 5, 6, tb + 50, tb + 50, 7, tb + 120, 8], 100) == 6  # the timestamp past 100 positions
+    assert r.overrun([tb, *phrase, tb + 30, tb + 30, *phrase, *phrase], 20) == 5  # the earlier of the two
+    assert r.overrun([tb, 5, 11, 12, 13, 11, 12, 13, tb + 90], 100) is None  # nothing went wrong

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -243,7 +244,10 @@ def test_flood_and_disconnect_is_cancelled_at_once(server):
     ws.send(json.dumps({"type": "start", "sample_rate": 16000, "encoding": "pcm_s16le"}))
     for i in range(0, 300 * 1600, 1600):
         ws.send(pcm16(flood[i:i + 1600]))
-    ws.socket.close()  # abrupt: no close message, no closing handshake
+    # abrupt: no close message, no closing handshake (shutdown first: a bare close() of a socket that the client's
+    # reader thread is blocked on sends nothing until that read returns, i.e. until the server sends an event)
+    ws.socket.shutdown(socket.SHUT_RDWR)
+    ws.socket.close()
     left = time.monotonic()
     idle = wait_idle(srv, 5)
     print(f"engine idle {idle:.2f} s after the flooding client left")

@@ -52,8 +52,9 @@ def encode_tail(encoder: nn.Module, mel: torch.Tensor, cache: EncoderCache, free
     ``mel`` [1, n_mels, M] (``first_frame(cache)`` says where ``mel`` must start; frames before it are not read):
     positions ``cache.frozen`` .. S are computed, those before come from the cache. Positions up to ``freeze`` (of
     those computed) join the frozen ones; with ``audio`` (the positions that hold audio; silence pads the rest) they
-    attend to audio only, so that what they keep does not depend on the padding. ``encoder``: a transformers ``WhisperEncoder`` (its linear layers may be
-    int8 ones: they are exact per row, so a position's numbers do not depend on the others computed with it)."""
+    attend to audio only, so that what they keep does not depend on the padding (a stream pads a different length
+    of silence at each step). ``encoder``: a transformers ``WhisperEncoder`` (its linear layers may be int8 ones:
+    they are exact per row, so a position's numbers do not depend on the others computed with it)."""
     frozen = cache.frozen
     dtype = encoder.conv1.weight.dtype
     x = F.gelu(encoder.conv1(mel.to(dtype)))

@@ -41,9 +41,8 @@ class EngineConfig:
     # ``lookahead_s`` of audio and ``pad_s`` of silence again at each step), "audio" (the whole buffer plus 2 s of
     # silence at each step), "full" (Whisper's padded 30 s window at each step)
     encoder_window: str = WINDOWS[0]
-    lookahead_s: float = 1.0
-    pad_s: float = 1.0
-    frozen_hear_pad: bool = True
+    lookahead_s: float = 2.0
+    pad_s: float = 3.0
     # where AlignAtt's word times come from: "decode" (the cross-attention the decode recorded as it chose the
     # tokens) or "pass" (a pass of the target decoder over the text after the decode, Whisper's word alignment)
     alignment: str = "pass"

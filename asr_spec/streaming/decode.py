@@ -70,6 +70,9 @@ def decode_batch(rec: Recognizer, requests: list[Request], c: EngineConfig) -> l
     for i, r in enumerate(requests):
         own, padded, attempt, tries = encoded[i], not short[i], 0, 0
         while retry := rec.retry(results[i], own.positions, padded, attempt, c.checks, ladder=r.final):
+            if retry == "pad" and not r.final:
+                results[i] = _cut_overrun(rec, results[i], own.positions, len(r.prefix))
+                break
             tries += 1
             if retry == "pad":  # looped, or failed the checks: decode it again as Whisper would, on 30 s
                 own, padded = encode_whole(rec, r.audio, full=True), True
@@ -83,6 +86,16 @@ def decode_batch(rec: Recognizer, requests: list[Request], c: EngineConfig) -> l
     return [Decoded(result, lang, not rec.needs_fallback(result, c.checks), tries,
                     _aligner(rec, r, mem, lang, result, known) if r.timed else None)
             for r, result, mem, lang, tries, known in zip(requests, results, memory, languages, fallbacks, words)]
+
+
+def _cut_overrun(rec: Recognizer, result: RowResult, positions: int, prefix: int) -> RowResult:
+    """A re-decode that ran past its audio or looped, kept up to where it did: its tail is decoded again at the next
+    step anyway, so it is not worth a decode on a padded 30 s window (a partial's loop is mostly a word cut off at
+    the buffer's end, said again and again)."""
+    cut = max(prefix, min(len(result.tokens), rec.overrun(result.tokens, positions) or len(result.tokens)))
+    kept = result.logprobs[:cut - prefix]
+    attention = None if result.attention is None else result.attention[:, :cut + 1]
+    return replace(result, tokens=result.tokens[:cut], sum_logprob=sum(kept), logprobs=kept, attention=attention)
 
 
 def _stacked(rows: list[CrossKV | None]) -> CrossKV | None:

@@ -62,9 +62,8 @@ class _FrozenCross:
 class BufferEncoder:
     """Encodes one stream's buffer, step after step (see the module's text)."""
 
-    def __init__(self, recognizer: Recognizer, lookahead_s: float, pad_s: float, frozen_hear_pad: bool = True):
+    def __init__(self, recognizer: Recognizer, lookahead_s: float, pad_s: float):
         self.rec = recognizer
-        self.frozen_hear_pad = frozen_hear_pad
         self.lookahead, self.pad = int(lookahead_s * 100), int(pad_s * 100)  # mel frames
         self.cache = EncoderCache()
         self.top = float("-inf")  # the loudest log-mel value of the buffer so far
@@ -89,7 +88,7 @@ class BufferEncoder:
         self.top = max(self.top, float(log[:, :max(1, audio_frames - first)].max()))
         target = self.rec.target
         memory = encode_tail(target.encoder.inner, scaled(log, self.top)[None].to(target.decoder.device),
-                             self.cache, freeze, None if self.frozen_hear_pad else audio_frames // 2)
+                             self.cache, freeze, audio_frames // 2)
         freeze = self.cache.frozen
         cross = self.cross.extend(memory, frozen, freeze)
         if self.draft_cross is not None:  # a draft that reads the target's encoder output

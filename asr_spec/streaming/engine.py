@@ -36,7 +36,7 @@ class Engine:
     # --- sessions ---------------------------------------------------------------------------------------
     def open(self, config: StreamConfig = StreamConfig()) -> int:
         c = self.config
-        encoder = BufferEncoder(self.transcriber, c.lookahead_s, c.pad_s, c.frozen_hear_pad) \
+        encoder = BufferEncoder(self.transcriber, c.lookahead_s, c.pad_s) \
             if c.encoder_window == "stream" else None
         stream = Stream(config, self.transcriber.target.tokenizer, encoder)
         with self._lock:
