@@ -108,8 +108,9 @@ def _real_time_sessions(device: str | None) -> int:
     """The most simultaneous speakers one engine serves at real time with final latency median <= 3 s, as measured
     with serve's defaults (`python eval/bench_streaming.py --skip-wer --sessions 1,2,4,6,8`; docs/results.md): on a
     2-core Intel Xeon with AMX (bfloat16), 4 sessions (2026-11-25: final latency median 2.7, 2.7 and 3.2 s in three
-    runs); on a 2-core AMD EPYC without AVX-512 (int8), 2 (2026-11-25, before joined batches and stopped loops).
-    So: 2 per core with AMX, else 1 per core. CUDA: 16 (an H100, 2026-11-25)."""
+    runs); on a 2-core AMD EPYC without AVX-512 (int8), 2 (2026-11-25: RTF 0.90, final median 3.0 s; 2026-11-26
+    with the streaming encoder: 1 session RTF 0.76, final median 2.2 s, 4 fall behind). So: 2 per core with AMX,
+    else 1 per core. CUDA: 16 (an H100, 2026-11-25)."""
     from .models.compute import amx
 
     if (device or "").startswith("cuda"):

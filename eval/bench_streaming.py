@@ -419,7 +419,7 @@ def main() -> None:
     tr = Transcriber(target, draft)
     items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
     results: dict = {"provenance": provenance(args.threads, args.device), "step_s": args.step, "max_step_s": args.max_step,
-                     "policy": args.policy,
+                     "policy": args.policy, "encoder_windows": args.encoder_windows,
                      "threads": args.threads, "compute_type": target.precision.name}
     if not args.skip_wer:
         results |= wer_part(tr, items, args)

@@ -80,12 +80,18 @@ def steps_table(doc: dict) -> str:
     return md_table(head, rows)
 
 
+ENCODER_ON = {"stream": "new audio + 2 s look-ahead + 3 s silence", "audio": "the buffer + 2 s of silence",
+              "full": "padded 30 s windows"}  # eval/bench_streaming.py --encoder-windows
+
+
 def wer_table(doc: dict) -> str:
-    """eval/bench_streaming.py's WER part: one row per set and encoder window."""
+    """eval/bench_streaming.py's WER part: one row per set and encoder window (the first of ``encoder_windows`` is
+    the one without a suffix; runs before the streaming encoder encoded the buffer)."""
     head = ["set", "encoder on", "files", "offline WER %", "streaming WER %", "streaming against offline text, WER %",
             "engine busy s", "engine busy s without hints"]
+    first = doc.get("encoder_windows", "audio").split(",")[0]
     rows = [["long-form" if "longform" in key else "dev set",
-             "padded 30 s windows" if key.endswith("_full_window") else "the buffer (default)", r["utterances"],
+             ENCODER_ON[key.split("_")[-2] if key.endswith("_window") else first], r["utterances"],
              r["wer_offline"], r["wer_streaming"], r["wer_streaming_vs_offline"], r["with_hints"]["engine_busy_s"],
              r.get("without_hints", {}).get("engine_busy_s")] for key, r in doc.items() if key.startswith("wer_")]
     return md_table(head, rows)
@@ -236,6 +242,8 @@ def build(index: Path, out: Path) -> list[Path]:
         for run in section["runs"]:
             path = base / run["file"]
             doc, p = docs[run["file"]], stated[run["file"]]
+            if isinstance(doc, dict):  # the index's "fields": what the JSON does not record
+                doc = run.get("fields", {}) | doc
             lines += [f"### {run['label']}", "", f"- Machine: {p['machine']}; threads: {p['threads']}",
                       f"- Date: {p['date']}", f"- Command: `{p['command']}`", f"- JSON: {link(path)}", "", table(doc), ""]
             if plot is not None:
