@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import random
 
 import pytest
 import torch
@@ -272,6 +273,32 @@ def test_the_cost_model_tries_every_length_then_runs_the_fastest_and_probes_its_
         costs.record(1, 1.1, 14.0)
         costs.record(2, 1.2, 18.0)
     assert costs.choose(3) == 0
+
+
+def _chosen_under_load(costs: CostModel, seed: int) -> tuple[list[int], list[int]]:
+    """3000 passes of a machine where K = 3 pays most (2.8 tokens for 1.75 time units against K = 0's 1 for 1). From
+    pass 500 to 1500 other processes share the CPU: every pass, whatever its K, is 3x slower in bursts of 40
+    passes, and one in ten stalls 10x or 30x. The draft lengths chosen under that load, and in the last 1000 passes."""
+    rng = random.Random(seed)
+    loaded, calm = [], []
+    for n in range(3000):
+        k = costs.choose(3)
+        load = 500 <= n < 1500
+        slow = (rng.choice([10.0, 30.0]) if rng.random() < 0.1 else 3.0 if (n // 40) % 2 else 1.0) if load else 1.0
+        costs.record(k, tokens_per_row=1.0 + 0.6 * k, seconds=slow * (1.0 + 0.25 * k) * (1 + 0.05 * (n % 3)))
+        (loaded if load else calm if n >= 2000 else []).append(k)
+    return loaded, calm
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_the_chooser_keeps_drafting_through_a_busy_spell_and_after_it(seed):
+    """A busy machine slows every pass, whatever its K: the pace takes it, so K = 3 stays the choice under the load
+    and after it. Without the pace (seconds compared as measured, whenever measured) the stalls land on the K being
+    run, the choice wanders off K = 3 and here stays on K = 2 long after the load is gone."""
+    loaded, calm = _chosen_under_load(CostModel(), seed)
+    assert loaded.count(3) >= 0.95 * len(loaded) and calm.count(3) >= 0.95 * len(calm)
+    loaded, calm = _chosen_under_load(CostModel(pace_rate=0.0), seed)
+    assert loaded.count(3) < 0.5 * len(loaded) and calm.count(3) < 0.5 * len(calm)
 
 
 @pytest.mark.parametrize("fastest", [0, 3])

@@ -8,8 +8,15 @@ of tokens per row and wall seconds per pass, for each K it has run. Each pass ru
 plain target decoding) with the most tokens per second, after trying every K a few times, and now and then
 a neighbour of the best, so the choice follows a change (a better-matched stretch of speech, a busier
 machine): ``PROBE_EVERY`` passes after the last probe, twice as long each time the best has stayed the same
-since the previous probe (up to ``MAX_PROBE_EVERY``), so a settled choice costs next to nothing in probes. Greedy output does not depend on K (the target verifies every token), so
-this only changes speed.
+since the previous probe (up to ``MAX_PROBE_EVERY``), so a settled choice costs next to nothing in probes.
+
+A shared CPU slows every pass for a while (other processes, other requests), whatever its K. Seconds measured in a
+slow stretch for one K and in a calm one for another would compare the machine's load, not the draft lengths: the
+chooser then drifts to whichever K it ran last in the calm, often K = 0, and stays there (its probes come rarely).
+So a pass's seconds are read as ``pace`` x the K's cost: ``pace``, how much slower than usual the machine runs now,
+follows every pass quickly; the costs per K, in the machine's usual units, move slowly, and only by what the pace
+does not explain. A slow stretch raises the pace, not one K's cost, and the choice stays. Greedy output does not
+depend on K (the target verifies every token), so this only changes speed.
 """
 from __future__ import annotations
 
@@ -22,15 +29,18 @@ import torch
 PROBE_EVERY = 16  # passes between two tries of a draft length next to the best one (while the best changes)
 MAX_PROBE_EVERY = 256  # ... and at most this many while it stays the same
 FIRST_TRIES = 4  # passes each draft length runs before its measurement is trusted
+PACE_RATE = 0.5  # weight of a pass in the machine's current pace (load comes and goes from one pass to the next)
 
 
 @dataclass
 class CostModel:
     """Tokens per row and seconds per pass, by draft length. One per decoder pair; shared by its decodes."""
     tokens: dict[int, float] = field(default_factory=dict)  # K -> tokens emitted per row per pass
-    seconds: dict[int, float] = field(default_factory=dict)  # K -> wall seconds per pass
+    seconds: dict[int, float] = field(default_factory=dict)  # K -> wall seconds per pass at pace 1
     counts: dict[int, int] = field(default_factory=dict)  # K -> passes measured
     rate: float = 0.05  # weight of a new measurement once there are 1 / rate of them (a plain mean before)
+    pace: float = 1.0  # how many times its usual time a pass takes now (a shared, busy machine: above 1)
+    pace_rate: float = PACE_RATE  # 0: the pace stays 1 (seconds compared as measured, whenever measured)
     passes: int = 0
     probes: int = 0
     probe_every: int = PROBE_EVERY
@@ -39,8 +49,10 @@ class CostModel:
 
     def record(self, k: int, tokens_per_row: float, seconds: float) -> None:
         self.counts[k] = self.counts.get(k, 0) + 1
+        if self.counts[k] > FIRST_TRIES:  # the pace: this pass against its K's cost so far
+            self.pace += self.pace_rate * (seconds / max(self.seconds[k], 1e-12) - self.pace)
         weight = max(self.rate, 1 / self.counts[k])
-        for table, value in ((self.tokens, tokens_per_row), (self.seconds, seconds)):
+        for table, value in ((self.tokens, tokens_per_row), (self.seconds, seconds / self.pace)):
             table[k] = table.get(k, 0.0) + weight * (value - table.get(k, 0.0))
 
     def speed(self, k: int) -> float:
