@@ -167,7 +167,7 @@ def test_transcribe_holds_the_windows_not_the_file(short_target, tmp_path):
 
 
 def test_chunked_reads_each_piece_in_order(short_target, tmp_path):
-    f, audio = _speech_file(tmp_path, 2)
+    f, audio = _speech_file(tmp_path, 1)
     tr = Transcriber(short_target)
     o = TranscribeOptions(language="en", chunked=True, checks=Checks(temperatures=(0.0,)))
     whole, lazy = tr.transcribe(audio, o), tr.transcribe(AudioFile(f), o)

@@ -94,7 +94,7 @@ def _decode(target, draft, prompts, k, sampler=None, memory=None):
     from asr_spec.decoding.logits import LogitRules
 
     mem = _memory(len(prompts)) if memory is None else memory
-    requests = [Request(p, p.index(v.sot), sample_len=30, key=(i,)) for i, p in enumerate(prompts)]
+    requests = [Request(p, p.index(v.sot), sample_len=20, key=(i,)) for i, p in enumerate(prompts)]
     o = DecodeOptions(LogitRules.whisper(v, True), v.eot, v.no_speech, sampler or Sampler(), k=k)
     return speculative_decode(Decoders(target.decoder, draft.decoder if draft else None), (mem, mem), requests, o)
 

@@ -35,6 +35,7 @@ def pages(tmp_path_factory) -> list[tuple[Path, list[Path]]]:
     return runs
 
 
+@pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
 def test_a_second_run_gives_byte_identical_page_and_plots(pages):
     (out_a, files_a), (out_b, files_b) = pages
     names = [p.relative_to(out_a.parent) for p in files_a]
@@ -44,6 +45,7 @@ def test_a_second_run_gives_byte_identical_page_and_plots(pages):
         assert (out_a.parent / name).read_bytes() == (out_b.parent / name).read_bytes(), name
 
 
+@pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
 def test_every_table_states_machine_date_and_command(pages):
     text = pages[0][0].read_text()
     runs = [r for s in json.loads(INDEX.read_text())["sections"] for r in s["runs"]]
@@ -58,6 +60,7 @@ def test_every_table_states_machine_date_and_command(pages):
     assert "| --- |" not in re.split(r"^### ", text, flags=re.M)[0]
 
 
+@pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
 def test_only_listed_runs_are_on_the_page_and_the_rest_is_named(pages):
     text = pages[0][0].read_text()
     listed = {r["file"] for s in json.loads(INDEX.read_text())["sections"] for r in s["runs"]}
@@ -69,6 +72,7 @@ def test_only_listed_runs_are_on_the_page_and_the_rest_is_named(pages):
             assert f"eval/results/{p.relative_to(INDEX.parent)}`" in older
 
 
+@pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
 def test_a_missing_json_is_a_clear_error(tmp_path):
     index = tmp_path / "index.json"
     index.write_text(json.dumps({"sections": [{"id": "x", "title": "X", "kind": "ray", "note": "",
