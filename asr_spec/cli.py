@@ -409,7 +409,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                        compute_type=args.compute_type, encoder_window=args.encoder_window,
                        temperature=args.temperature, seeds=args.seeds, model=args.model,
                        draft=args.draft,
-                       language=args.language or None, threads=args.threads,
+                       language=args.language or None, threads=args.threads, device=args.torch_device,
                        batch_sizes=tuple(int(n) for n in args.batch_size.split(",")))
     try:
         results = evaluate(opts)
@@ -581,6 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--draft", default=DEFAULT_DRAFT)
     e.add_argument("--language", default="en", help="language for every system ('' = detect)")
     e.add_argument("--threads", type=int, default=0, help="threads for every system (default: torch's)")
+    e.add_argument("--device", dest="torch_device", default="cpu",
+                   help="every system's device (cpu, cuda, ...)")
     e.add_argument("--batch-size", default="1", help="comma list (one run of each of our systems per size): files "
                    "decoded together; faster-whisper-batched: its batch size (it batches the chunks of one file)")
     e.set_defaults(func=cmd_eval)

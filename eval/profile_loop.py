@@ -2,7 +2,7 @@
 N dev-set files with the shipped draft; prints the loop's steps and everything they call directly (cumulative
 seconds; cProfile inflates Python-heavy parts) and the number of target passes, to get the per-pass overhead.
 
-    python eval/profile_loop.py [--files 12] [--threads 2]
+    python eval/profile_loop.py [--files 12] [--threads 2] [--device cuda] [--compute-type float16] [--manifest FILE]
 """
 from __future__ import annotations
 
@@ -26,12 +26,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--compute-type", default="float32")
+    ap.add_argument("--manifest", type=Path, default=DEV / "manifest.jsonl")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    items = [json.loads(line) for line in (DEV / "manifest.jsonl").read_text().splitlines()][:args.files]
-    target = load_target("whisper-base")
+    items = [json.loads(line) for line in args.manifest.read_text().splitlines()][:args.files]
+    target = load_target("whisper-base", args.device, args.compute_type)
     tr = Transcriber(target, load_draft(default_draft("whisper-base"), target))
-    audios = [load_audio(DEV / it["audio"]) for it in items]
+    audios = [load_audio(args.manifest.parent / it["audio"]) for it in items]
     tr.transcribe(audios[0], TranscribeOptions(language="en"))  # warm-up (and the cost model's first tries)
     profile, passes = cProfile.Profile(), 0
     profile.enable()

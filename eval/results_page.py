@@ -70,13 +70,18 @@ def steps_table(doc: dict) -> str:
     """eval/bench_steps.py: per compute type, the target step and what verifying and drafting cost in steps."""
     first = doc["results"][0]
     base = first["ms"]["target"]["1"]
+    graphs = "target, CUDA graph" in first["ms"]  # bench_steps.py --cuda-graphs
     head = ["compute type", f"target step ms (x {first['compute_type']})", "verify 4 tokens (x its step)",
-            "draft step, audio view (x its step)", "draft step, whole window (x its step)", "encoder, one 30 s window ms"]
+            "draft step, audio view (x its step)", "draft step, whole window (x its step)", "encoder, one 30 s window ms",
+            *(["target step as a CUDA graph ms (x eager)", "draft step as a CUDA graph (x the graph's target step)"]
+              if graphs else [])]
     rows = []
     for r in doc["results"]:
         ms, step = r["ms"], r["ms"]["target"]["1"]
         rows.append([r["compute_type"], f"{num(step)} ({times(step / base)})", times(ms["target"]["4"] / step),
-                     times(ms["draft"]["1"] / step), times(ms["draft, whole window"]["1"] / step), r["encoder_ms"]])
+                     times(ms["draft"]["1"] / step), times(ms["draft, whole window"]["1"] / step), r["encoder_ms"],
+                     *([f"{num(g := ms['target, CUDA graph']['1'])} ({times(g / step)})",
+                        times(ms["draft, CUDA graph"]["1"] / g)] if graphs else [])])
     return md_table(head, rows)
 
 

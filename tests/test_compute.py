@@ -11,7 +11,7 @@ from asr_spec.decoding.sampling import Sampler
 from asr_spec.decoding.speculative import DecodeOptions, Decoders, Request, speculative_decode
 from asr_spec.features import log_mel, window
 from asr_spec.models.compute import ComputeTypeError, int8_kernels, resolve_compute_type, runnable
-from asr_spec.models.kv_decoder import Int8
+from asr_spec.models.kv_decoder import CUDA_ROWS, Int8, in_blocks
 from asr_spec.models.loader import ModelError, ModelOptions, default_draft, load, load_draft, load_target
 
 TYPES = ["float32", "bfloat16", "int8_float32", "int8_bfloat16"]
@@ -60,6 +60,21 @@ def test_every_command_that_loads_a_model_takes_a_compute_type(capsys):
     assert p.parse_args(["transcribe"]).compute_type == "float32"
     assert main(["transcribe", "--sample", "--quiet", "--compute-type", "float16"]) == 1
     assert "compute type float16 cannot run on cpu" in capsys.readouterr().err
+
+
+def test_float_layers_in_fixed_blocks_give_each_row_the_same_bits_in_any_company():
+    """How float layers stay exact on CUDA (``project``: blocks of CUDA_ROWS rows; eval/exact_linear.py --device cuda
+    shows plain products differ there by row count): row 0 alone and among 2..600 rows (several blocks, last block
+    partly filled) gives the same bits; the result is the product's."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(384, 64, generator=g)
+    x = torch.randn(600, 64, generator=g)
+    alone = in_blocks(x[:1], w, CUDA_ROWS)
+    for m in (2, 3, 9, 40, CUDA_ROWS, CUDA_ROWS + 1, 600):
+        out = in_blocks(x[:m], w, CUDA_ROWS)
+        assert out.shape == (m, 384) and torch.equal(out[0], alone[0]), m
+        assert torch.equal(out[-1], in_blocks(x[m - 1:m], w, CUDA_ROWS)[0]), m
+    assert torch.allclose(in_blocks(x, w, CUDA_ROWS), x @ w.t(), atol=1e-4)
 
 
 @needs_int8

@@ -33,6 +33,7 @@ class EvalOptions:
     draft: str = "auto"  # auto: the draft shipped for the model, else an untrained layers:0,5
     language: str | None = "en"
     threads: int = 0
+    device: str = "cpu"  # every system's device
     batch_sizes: tuple[int, ...] = (1,)  # windows in flight (ours), chunks per batch (faster-whisper-batched)
 
 
@@ -48,7 +49,7 @@ def read_manifest(path: Path, limit: int = 0) -> list[dict]:
     return rows[:limit] if limit else rows
 
 
-def environment(threads: int) -> dict:
+def environment(threads: int, device: str = "cpu") -> dict:
     """provenance() (machine, threads, date, command) and the software versions of this run."""
     import torch
     import transformers
@@ -66,7 +67,7 @@ def environment(threads: int) -> dict:
                                 cwd=Path(__file__).parent, check=True).stdout.strip()
     except Exception:  # noqa: BLE001
         commit = None
-    return {**provenance(threads), "python": platform.python_version(), "torch": torch.__version__,
+    return {**provenance(threads, device), "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "asr_spec": version("asr_spec"),
             "faster_whisper": version("faster-whisper"), "ctranslate2": version("ctranslate2"), "git_commit": commit}
 
@@ -101,7 +102,7 @@ def evaluate(o: EvalOptions) -> dict:
     threads = o.threads or torch.get_num_threads()
     items = read_manifest(o.manifest, o.limit)
     draft = (default_draft(o.model) or "layers:0,5") if o.draft == "auto" else o.draft
-    setup = Setup(o.model, draft, o.language, threads, o.compute_type, o.encoder_window)
+    setup = Setup(o.model, draft, o.language, threads, o.compute_type, o.encoder_window, o.device)
     specs = expand(list(o.systems), list(o.ks), o.temperature, o.seeds, list(o.draft_stops), list(o.batch_sizes))
     runs, skipped = {}, {}
     for spec in specs:
@@ -129,7 +130,7 @@ def evaluate(o: EvalOptions) -> dict:
         summaries[name]["compute_type"] = run.get("compute_type")
     peers = [n for n, r in runs.items() if r["system"]["kind"] not in OURS]
     results = {
-        "environment": environment(threads),
+        "environment": environment(threads, o.device),
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items()},
         "manifest": str(o.manifest), "utterances": len(items), "audio_s": summaries and next(iter(summaries.values()))["audio_s"],
         "systems": summaries,

@@ -43,6 +43,7 @@ class Setup:
     threads: int
     compute_type: str = "float32"  # our systems' compute type where their name gives none
     encoder_window: str = "full"  # our systems' encoder input: padded 30 s windows, or only the audio
+    device: str = "cpu"  # every system's device: torch's name (cpu, cuda, cuda:1); faster-whisper's cpu or cuda
 
 
 @dataclass
@@ -104,7 +105,7 @@ def resolved_type(spec: SystemSpec, setup: Setup) -> str:
     from ..models.compute import resolve_compute_type
 
     if spec.kind in OURS:
-        return resolve_compute_type(spec.compute_type or setup.compute_type).name
+        return resolve_compute_type(spec.compute_type or setup.compute_type, setup.device).name
     if spec.kind.startswith("faster-whisper"):
         return {"int8": "int8_float32", "auto": "int8_float32", "default": "float32"}.get(spec.compute_type, spec.compute_type)
     return "float32"
@@ -126,7 +127,7 @@ def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
     from ..recognizer import Checks, temperature_ladder
     from ..transcribe import TranscribeOptions, Transcriber
 
-    target = load_target(setup.model, compute_type=spec.compute_type or setup.compute_type)
+    target = load_target(setup.model, setup.device, spec.compute_type or setup.compute_type)
     draft = load_draft(setup.draft, target, spec.draft_int8) if spec.kind not in ("target", "target-sample") else None
     tr = Transcriber(draft.alone(target)) if spec.kind == "draft" else Transcriber(target, draft)
     # the draft alone: one greedy attempt (a failing draft would otherwise retry at every temperature)
@@ -159,7 +160,7 @@ def _hf(spec: SystemSpec, setup: Setup) -> Transcribe:
 
     from ..models.loader import load_draft, load_target, resolve
 
-    target = load_target(setup.model)
+    target = load_target(setup.model, setup.device)
     assistant = load_draft(setup.draft, target).hf if spec.kind == "hf-assisted" else None
     fe = WhisperFeatureExtractor.from_pretrained(resolve(setup.model))
 
@@ -168,6 +169,7 @@ def _hf(spec: SystemSpec, setup: Setup) -> Transcribe:
         long = len(audio) > fe.n_samples
         feats = fe(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt", return_attention_mask=True,
                    **({"truncation": False, "padding": "longest"} if long else {}))
+        feats = feats.to(target.decoder.device)
         kwargs = {"attention_mask": feats.attention_mask} if long else {}
         if assistant is not None:
             kwargs["assistant_model"] = assistant
@@ -187,7 +189,8 @@ def _faster_whisper(spec: SystemSpec, setup: Setup) -> Transcribe:
 
     if not is_embedded(setup.model):
         raise ValueError("faster-whisper runs only on the embedded model's CTranslate2 weights here")
-    model = WhisperModel(str(embedded_ct2_dir()), device="cpu", compute_type=spec.compute_type,
+    device = "cuda" if setup.device.startswith("cuda") else "cpu"
+    model = WhisperModel(str(embedded_ct2_dir()), device=device, compute_type=spec.compute_type,
                          cpu_threads=setup.threads)
     if spec.kind == "faster-whisper-batched":  # its batched pipeline: a file's voice-activity chunks, no prompts
         pipeline = BatchedInferencePipeline(model)

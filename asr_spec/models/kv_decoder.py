@@ -55,16 +55,35 @@ class KVCache:
         return KVCache(pick(self.self_k), pick(self.self_v), pick(self.cross_k), pick(self.cross_v), mask)
 
 
+# On CUDA, cuBLAS picks its kernel, and with it the order of each output's sums, by the call's shapes, the row count
+# included: a row's bits would depend on how many rows a pass has (H200, float16: speculative text differed from
+# target-only on 3 of 65 dev utterances; eval/exact_linear.py --device cuda). There float layers multiply in blocks of
+# exactly CUDA_ROWS rows (zero rows added): one kernel for every call, and rows that do not mix. A GPU's decode step
+# is bound by its weights and its launches, not by its rows.
+CUDA_ROWS = 256
+
+
+def in_blocks(rows: torch.Tensor, weight: torch.Tensor, size: int) -> torch.Tensor:
+    """``rows @ weight.T`` [m, n], multiplied in blocks of exactly ``size`` rows (zero rows added to the last)."""
+    m = rows.shape[0]
+    blocks = F.pad(rows, (0, 0, 0, -m % size)).split(size)
+    return (torch.cat([b @ weight.t() for b in blocks]) if len(blocks) > 1 else blocks[0] @ weight.t())[:m]
+
+
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for the few rows of a decode step. On this CPU, ``weight @ x.T`` with
     at least two rows streams the weight at full memory bandwidth, where ``F.linear`` picks kernels that
     are 1.5-5x slower for small row counts (the 51865-row output layer: 10.5 vs 3.1 ms per step;
-    eval/bench_steps.py). Target-only and speculative decoding both use it."""
+    eval/bench_steps.py). Target-only and speculative decoding both use it. On CUDA: in blocks of ``CUDA_ROWS``
+    rows, so that a row's result does not depend on the others."""
     rows = x.reshape(-1, x.shape[-1])
     m = rows.shape[0]
-    if m == 1:
-        rows = torch.cat([rows, rows])
-    y = (weight @ rows.t()).t()[:m].contiguous()
+    if weight.is_cuda:
+        y = in_blocks(rows, weight, CUDA_ROWS)
+    else:
+        if m == 1:
+            rows = torch.cat([rows, rows])
+        y = (weight @ rows.t()).t()[:m].contiguous()
     if bias is not None:
         y += bias
     return y.reshape(*x.shape[:-1], weight.shape[0])
