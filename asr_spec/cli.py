@@ -129,7 +129,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .streaming.config import EngineConfig
     from .streaming.engine import Engine
     from .recognizer import Recognizer
-    from .transcribe import Transcriber
+    from .transcribe import TranscribeOptions, Transcriber
 
     try:
         keys = api_keys(args.api_key, args.api_key_file)
@@ -143,13 +143,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     target, draft = models
     engine = Engine(Recognizer(target, draft), EngineConfig(max_batch=max_batch(args), max_step_s=args.max_step))
     # uploads run at the server's compute type (one model in memory)
-    files = FileWorker(Transcriber(target, draft), batch_size=args.file_batch,
-                       max_yield_s=args.upload_yield)
+    files = FileWorker(Transcriber(target, draft), TranscribeOptions(hotwords=args.hotwords or None),
+                       batch_size=args.file_batch, max_yield_s=args.upload_yield)
     max_sessions = args.max_sessions or _real_time_sessions(args.torch_device)
     config = ServerConfig(host=args.host, port=args.port, max_sessions=max_sessions,
                           max_sessions_per_client=args.max_sessions_per_client, api_keys=keys,
                           idle_timeout_s=args.idle_timeout, step_s=args.step, commit_policy=args.commit_policy,
-                          drain_s=args.drain_seconds,
+                          hotwords=args.hotwords, drain_s=args.drain_seconds,
                           max_upload_s=args.max_upload_seconds)
     if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_keys:
         print("warning: listening beyond localhost without an API key (ASR_SPEC_API_KEY or --api-key-file)",
@@ -243,7 +243,7 @@ def _options(args: argparse.Namespace):
                              draft_stop=TranscribeOptions.draft_stop if args.draft_stop is None else args.draft_stop,
                              checks=Checks(temperature_ladder(args.temperature, not args.no_fallback), seed=args.seed),
                              encoder_window=args.encoder_window, adaptive_k=not args.fixed_k, chunked=args.chunked,
-                             initial_prompt=args.initial_prompt or None,
+                             initial_prompt=args.initial_prompt or None, hotwords=args.hotwords or None,
                              word_timestamps=args.word_timestamps or args.word_cues)
 
 
@@ -410,6 +410,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                        temperature=args.temperature, seeds=args.seeds, model=args.model,
                        draft=args.draft,
                        language=args.language or None, threads=args.threads, device=args.torch_device,
+                       hotwords=args.hotwords or None,
                        batch_sizes=tuple(int(n) for n in args.batch_size.split(",")))
     try:
         results = evaluate(opts)
@@ -476,6 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--task", choices=["transcribe", "translate"], default="transcribe")
     t.add_argument("--no-timestamps", action="store_true", help="decode without timestamps (one segment per window)")
     t.add_argument("--initial-prompt", help="text the first window is conditioned on (names, spelling, style)")
+    t.add_argument("--hotwords", help="words to favour (names, terms): placed in the prompt before every window, as "
+                   "faster-whisper's hotwords")
     t.add_argument("--word-timestamps", action="store_true",
                    help="times for every word (Whisper's cross-attention alignment): 'words' in json; the text is the same")
     t.add_argument("--word-cues", action="store_true", help="srt/vtt with one cue per word (implies --word-timestamps)")
@@ -523,6 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what a re-decode commits: alignatt (default: after one decode, the words the audio already "
                    "supports and the model is sure of) or local-agreement (what two decodes in a row agree on: "
                    "slower, and a worse WER at the same step)")
+    v.add_argument("--hotwords", default="", help="words to favour (names, terms) in every session's prompt and "
+                   "every upload's (faster-whisper's hotwords); a session's start message may name its own")
     v.add_argument("--max-batch", type=int, default=0,
                    help="most streams decoded in one batch (default 8 on a CPU, 32 on CUDA)")
     v.add_argument("--file-batch", type=int, default=4,
@@ -581,6 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--draft", default=DEFAULT_DRAFT)
     e.add_argument("--language", default="en", help="language for every system ('' = detect)")
     e.add_argument("--threads", type=int, default=0, help="threads for every system (default: torch's)")
+    e.add_argument("--hotwords", help="our systems' hotwords (as transcribe's)")
     e.add_argument("--device", dest="torch_device", default="cpu",
                    help="every system's device (cpu, cuda, ...)")
     e.add_argument("--batch-size", default="1", help="comma list (one run of each of our systems per size): files "

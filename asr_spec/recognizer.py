@@ -4,6 +4,7 @@ and Whisper's checks on a decoded window (one place for its thresholds and tempe
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +58,11 @@ def compression_ratio(text: str) -> float:
     return len(raw) / len(zlib.compress(raw)) if raw else 0.0
 
 
+def _repeats(text: list[int], ends: range) -> Iterator[tuple[int, int]]:
+    """(end, n) for each phrase of n >= 4 tokens said twice at once and ending at ``end`` in ``text``, by ``end``."""
+    return ((end, n) for end in ends for n in range(4, end // 2 + 1) if text[end - 2 * n:end - n] == text[end - n:end])
+
+
 class Recognizer:
     """A target model and an optional draft, and what decoding their 30 s windows needs."""
 
@@ -80,12 +86,17 @@ class Recognizer:
         codes, ids = list(v.languages), list(v.languages.values())
         return [codes[i] for i in logits[:, ids].argmax(dim=-1).tolist()]
 
-    def prompt(self, previous: list[int], language: str | None, task: str, timestamps: bool) -> Request:
+    def prompt(self, previous: list[int], language: str | None, task: str, timestamps: bool,
+               hotwords: list[int] | tuple[int, ...] = ()) -> Request:
         """The decode request of a window: Whisper's prompt (previous text after <|startofprev|>, then the
-        start-of-transcript sequence); prefix, hint, length and sampling key are added with ``replace``."""
+        start-of-transcript sequence); prefix, hint, length and sampling key are added with ``replace``.
+        ``hotwords``: tokens placed before the previous text in every window (faster-whisper's ``hotwords``), which
+        then keeps what room is left of Whisper's budget."""
         v = self.vocab
         budget = self.target.decoder.max_positions // 2 - 1  # Whisper: half the context less <|startofprev|>
-        head = [v.sot_prev] + previous[-budget:] if previous else []
+        hot = list(hotwords[:budget])
+        room = budget - len(hot)
+        head = [v.sot_prev] + hot + (previous[-room:] if room else []) if previous or hot else []
         tail = v.sot_sequence(language, task) + ([] if timestamps else [v.no_timestamps])
         return Request(head + tail, len(head))
 
@@ -140,22 +151,23 @@ class Recognizer:
     def overrun(self, tokens: list[int], positions: int) -> int | None:
         """Where a decode that ``suspect`` finds went wrong (the index in ``tokens``): its first timestamp past
         ``positions``, or the second copy of its first phrase of 4 or more tokens repeated at once; None if nowhere."""
-        tb = self.vocab.timestamp_begin
-        late = next((i for i, t in enumerate(tokens) if t >= tb and t - tb > positions), None)
-        at = [i for i, t in enumerate(tokens) if t < tb]  # where the text tokens are
-        text = [tokens[i] for i in at]
-        repeat = next((at[end - n] for end in range(8, len(text) + 1) for n in range(4, end // 2 + 1)
-                       if text[end - 2 * n:end - n] == text[end - n:end]), None)
+        late = self._late(tokens, positions, 0)
+        at = [i for i, t in enumerate(tokens) if t < self.vocab.timestamp_begin]  # where the text tokens are
+        repeat = next((at[end - n] for end, n in _repeats([tokens[i] for i in at], range(len(at) + 1))), None)
         return min((i for i in (late, repeat) if i is not None), default=None)
 
     def looping(self, tokens: list[int], new: int, positions: int) -> bool:
-        """What ``suspect`` looks for, in the last ``new`` of ``tokens``: a timestamp past ``positions``, or a
-        repeated phrase that ends there. Checked as a decode goes (``Request.give_up``), it stops a row as soon
-        as its result is sure to be suspect."""
-        tb = self.vocab.timestamp_begin
-        if any(t - tb > positions for t in tokens[len(tokens) - new:] if t >= tb):
+        """Whether ``overrun`` finds something in the last ``new`` of ``tokens``: a timestamp past ``positions``, or
+        a repeated phrase that ends there. Checked as a decode goes (``Request.give_up``), it stops a row as soon
+        as its result is sure to be suspect, looking only at what the pass added."""
+        if self._late(tokens, positions, len(tokens) - new) is not None:
             return True
+        tb = self.vocab.timestamp_begin
         text = [t for t in tokens if t < tb]
         fresh = sum(t < tb for t in tokens[len(tokens) - new:])
-        return any(text[end - 2 * n:end - n] == text[end - n:end]
-                   for end in range(len(text) - fresh + 1, len(text) + 1) for n in range(4, end // 2 + 1))
+        return next(_repeats(text, range(len(text) - fresh + 1, len(text) + 1)), None) is not None
+
+    def _late(self, tokens: list[int], positions: int, start: int) -> int | None:
+        """The index of the first timestamp past ``positions`` from ``tokens[start]`` on, or None."""
+        tb = self.vocab.timestamp_begin
+        return next((i for i in range(start, len(tokens)) if tokens[i] >= tb and tokens[i] - tb > positions), None)

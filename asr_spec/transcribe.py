@@ -34,6 +34,7 @@ class TranscribeOptions:
     encoder_window: str = "full"  # "full": Whisper's padded 30 s window; "audio": only the window's audio (faster)
     chunked: bool = False  # decode a file's speech as independent <= 30 s pieces, batched, without prompts
     initial_prompt: str | None = None  # text before the first window (Whisper's initial_prompt: names, spelling)
+    hotwords: str | None = None  # text before every window's previous text (faster-whisper's hotwords: names, terms)
     word_timestamps: bool = False  # words with times in each segment (the text is the same either way)
     # the draft reads the encoder output of the window's audio and this many frames after it (None: the whole
     # window, as the target does); it only proposes, so this changes speed, never the text
@@ -278,7 +279,8 @@ class Transcriber(Recognizer):
             ragged = len(set(lengths)) > 1
             memories = (pad_memories([f.memory[0] for f in group]),
                         None if group[0].memory[1] is None else pad_memories([f.memory[1] for f in group]))
-            requests = [replace(self.prompt(f.all_tokens[f.prompt_since:], f.language, o.task, o.timestamps),
+            hot = self.target.tokenizer.encode(" " + o.hotwords.strip()) if o.hotwords and o.hotwords.strip() else []
+            requests = [replace(self.prompt(f.all_tokens[f.prompt_since:], f.language, o.task, o.timestamps, hot),
                                 key=(f.seek, attempt),  # sampling noise keyed by window and attempt
                                 memory_length=n if ragged else None,
                                 draft_memory_length=None if o.draft_margin is None else f.size // 2 + o.draft_margin)

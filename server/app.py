@@ -84,7 +84,9 @@ class Server:
             except Exception:  # never let one bad decode kill the server
                 log.exception("decode failed")
                 continue
+            self.metrics.decoded(self.engine)
             for sid, events in out.items():
+                self.metrics.events(events)
                 if (session := self.sessions.get(sid)) is not None and self.loop is not None:
                     try:
                         self.loop.call_soon_threadsafe(session.deliver, sid, events, self.engine.flushes(sid))
@@ -114,7 +116,11 @@ class Server:
     async def metrics_page(self, request: Request) -> Response:
         if self.key_of(request) is None:
             return unauthorized()
-        return JSONResponse(await asyncio.to_thread(self.metrics.snapshot, self.engine, len(self.sessions)))
+        if request.query_params.get("format") == "json":
+            return JSONResponse(await asyncio.to_thread(self.metrics.snapshot, self.engine, len(self.sessions)))
+        body, content_type = await asyncio.to_thread(self.metrics.scrape, self.engine, len(self.sessions),
+                                                     request.headers.get("accept"))
+        return Response(body, headers={"Content-Type": content_type})
 
     async def page(self, request: Request) -> Response:
         return FileResponse(STATIC / "index.html", media_type="text/html; charset=utf-8")
@@ -125,6 +131,7 @@ class Server:
         if (key := session.authorize()) is None:  # one warning line: a wrong key is the client's mistake
             log.warning("refused a WebSocket handshake on %s from %s: missing or wrong API key (401)", ws.url.path,
                         ws.client.host if ws.client else "an unknown address")
+            self.metrics.refuse("unauthorized")
             await ws.send_denial_response(unauthorized())
             return
         await session.accept()
@@ -137,8 +144,8 @@ class Server:
             refusal = ("client_limit", f"this client has {c.per_client} sessions open already (the most one client "
                        "may hold); close one first")
         if refusal is not None or self._done is None or self._done.done():
-            self.metrics.refused += 1
             code, message = refusal or ("shutting_down", "the server is shutting down")
+            self.metrics.refuse(code)
             await session.send(session.error_event(ProtocolError(code, message)))
             await session.close(1013, "try again later")
             return

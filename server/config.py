@@ -31,6 +31,7 @@ class ServerConfig:
     ping_interval_s: float = 20.0
     step_s: float = StreamConfig.step_s
     commit_policy: str = StreamConfig.policy  # a session's start message may choose the other one
+    hotwords: str = ""  # sessions' hotwords where their start message names none
     max_backlog_s: float = 40.0  # a session's undecoded audio beyond which its socket is not read (backpressure)
     start_timeout_s: float = 10.0  # a connection must send its start message within this
     min_audio_s_per_30s: float = 1.0  # a started session sending less is closed (checked on a timer)

@@ -74,11 +74,14 @@ def transcription(server: Server, task: str) -> Callable[[Request], Awaitable[Re
         try:
             upload = await _receive(server, request, task)
             transcript = await asyncio.wrap_future(server.files.submit(upload))
+            server.metrics.uploads.labels("transcribed", "200").inc()
             return Response(*render(upload, transcript, server.language_names or {}))
         except ApiError as e:
+            server.metrics.uploads.labels("refused", str(e.status.value)).inc()
             return e.response()
         except Exception as e:  # noqa: BLE001 - the client gets a 500, the server goes on
             log.exception("transcription request failed")
+            server.metrics.uploads.labels("failed", "500").inc()
             return ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {type(e).__name__}").response()
 
     return endpoint

@@ -29,6 +29,9 @@ class ProtocolError(Exception):
         return {"type": "error", "code": self.code, "message": self.message}
 
 
+MAX_HOTWORDS = 1000  # characters: more than the prompt's room (223 tokens) holds
+
+
 @dataclass(frozen=True)
 class Start:
     sample_rate: int = SAMPLE_RATE
@@ -39,6 +42,7 @@ class Start:
     interim_results: bool = True
     word_timestamps: bool = False
     commit_policy: str | None = None  # None: the server's (--commit-policy)
+    hotwords: str | None = None  # None: the server's (--hotwords)
 
 
 def echo(value) -> str:
@@ -76,7 +80,7 @@ def parse_message(text: str) -> dict:
 
 def parse_start(msg: dict, languages: set[str] | None) -> Start:
     known = {"type", "sample_rate", "encoding", "channels", "language", "task", "interim_results", "word_timestamps",
-             "commit_policy"}
+             "commit_policy", "hotwords"}
     if extra := sorted(set(msg) - known):
         names = ", ".join(echo(name) for name in extra[:ECHO_FIELDS])
         more = f" and {len(extra) - ECHO_FIELDS} more" if len(extra) > ECHO_FIELDS else ""
@@ -107,7 +111,10 @@ def parse_start(msg: dict, languages: set[str] | None) -> Start:
     policy = msg.get("commit_policy", d.commit_policy)
     if policy is not None and policy not in POLICIES:
         raise ProtocolError("bad_start", f"commit_policy must be one of {', '.join(POLICIES)}, not {echo(policy)}")
-    return Start(rate, encoding, channels, language, task, interim, words, policy)
+    hotwords = msg.get("hotwords", d.hotwords)
+    if hotwords is not None and (not isinstance(hotwords, str) or len(hotwords) > MAX_HOTWORDS):
+        raise ProtocolError("bad_start", f"hotwords must be a string of at most {MAX_HOTWORDS} characters")
+    return Start(rate, encoding, channels, language, task, interim, words, policy, hotwords)
 
 
 class AudioDecoder:

@@ -40,6 +40,7 @@ class Turn:
 
 class RealtimeSession(StreamSession):
     first_message = "session.update"
+    protocol = "realtime"
 
     def __init__(self, server, ws: WebSocket):
         super().__init__(server, ws)

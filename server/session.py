@@ -36,6 +36,7 @@ class StreamSession:
     :meth:`error_event`) and what is sent last (:meth:`summary`)."""
 
     first_message = "start"  # what must arrive within the start timeout
+    protocol = "native"  # its label in /metrics
 
     def __init__(self, server: Server, ws: WebSocket):
         self.server, self.ws = server, ws
@@ -239,7 +240,7 @@ class StreamSession:
     async def _open(self, config: StreamConfig) -> None:
         """Open the session's engine stream (a session counts once however often it reopens its stream)."""
         if self.sid is None:
-            self.server.metrics.sessions_total += 1
+            self.server.metrics.opened(self.protocol)
         self.sid = await self._call(self.server.engine.open, config)  # loads a voice detector: ~0.1 s
         self.server.sessions[self.sid] = self
         self.flushes_delivered, self.backlog = 0, 0.0
@@ -344,7 +345,8 @@ class Session(StreamSession):
             self.decoder = AudioDecoder(start)
             await self._open(StreamConfig(language=start.language, task=start.task, interim=start.interim_results,
                                           step_s=self.config.step_s, word_timestamps=start.word_timestamps,
-                                          policy=start.commit_policy or self.config.commit_policy))
+                                          policy=start.commit_policy or self.config.commit_policy,
+                                          hotwords=self.config.hotwords if start.hotwords is None else start.hotwords))
             await self.send({"type": "ready", "session": self.sid, "sample_rate": start.sample_rate,
                              "encoding": start.encoding, "channels": start.channels})
             return False

@@ -360,3 +360,42 @@ def test_overrun_is_where_a_suspect_decode_went_wrong(tiny_target):
     assert r.overrun([tb, 5, 6, tb + 50, tb + 50, 7, tb + 120, 8], 100) == 6  # the timestamp past 100 positions
     assert r.overrun([tb, *phrase, tb + 30, tb + 30, *phrase, *phrase], 20) == 5  # the earlier of the two
     assert r.overrun([tb, 5, 11, 12, 13, 11, 12, 13, tb + 90], 100) is None  # nothing went wrong
+    assert r.overrun([tb + 120, 5, 6], 100) == 0  # at the very start
+
+
+def test_a_looping_partial_is_kept_up_to_where_it_went_wrong(tiny_target):
+    """Streaming's cut (instead of a re-decode on 30 s): the tokens before the overrun, never fewer than the prefix,
+    with their log-probabilities; a decode that went wrong at its first token keeps only its prefix."""
+    from asr_spec.decoding.speculative import RowResult, RowStats
+    from asr_spec.recognizer import Recognizer
+    from asr_spec.streaming.decode import _cut_overrun
+
+    r, tb = Recognizer(tiny_target), tiny_target.vocab.timestamp_begin
+    phrase = [11, 12, 13, 14]
+    def result(tokens: list[int], prefix: int) -> RowResult:
+        return RowResult(tokens, -0.5 * (len(tokens) - prefix + 1), 0.0, RowStats(), logprobs=[-0.5] * (len(tokens) - prefix))
+
+    cut = _cut_overrun(r, result([tb, 5, *phrase, *phrase, *phrase], 1), 100, 1)
+    assert cut.tokens == [tb, 5, *phrase] and cut.logprobs == [-0.5] * 5 and cut.sum_logprob == -2.5
+    assert _cut_overrun(r, result([tb + 120, 5, 6], 0), 100, 0).tokens == []  # wrong from its first token
+    assert _cut_overrun(r, result([tb + 120, 5, 6], 2), 100, 2).tokens == [tb + 120, 5]  # the prefix stays
+    assert _cut_overrun(r, result([tb, 5, 6, tb + 90], 1), 100, 1).tokens == [tb, 5, 6, tb + 90]  # nothing wrong
+
+
+def test_hotwords_come_before_the_previous_text_in_every_window_prompt(tiny_target):
+    """faster-whisper's ``hotwords``: after <|startofprev|>, before the previous text, in every window (with no
+    previous text too); they keep their place in Whisper's budget of half the context and the text gets the rest."""
+    from asr_spec.recognizer import Recognizer
+
+    r, v = Recognizer(tiny_target), tiny_target.vocab
+    sot = v.sot_sequence("en", "transcribe")
+    budget = tiny_target.decoder.max_positions // 2 - 1
+    assert r.prompt([5], "en", "transcribe", True).prompt == [v.sot_prev, 5, *sot]  # none: Whisper's prompt
+    assert r.prompt([], "en", "transcribe", True).prompt == sot
+    assert r.prompt([], "en", "transcribe", True, [7, 8]).prompt == [v.sot_prev, 7, 8, *sot]
+    assert r.prompt([5, 6], "en", "transcribe", True, [7, 8]).prompt == [v.sot_prev, 7, 8, 5, 6, *sot]
+    previous = list(range(1000, 1000 + 2 * budget))
+    prompt = r.prompt(previous, "en", "transcribe", True, [7, 8]).prompt
+    assert prompt == [v.sot_prev, 7, 8, *previous[-(budget - 2):], *sot]
+    many = list(range(2000, 2000 + 2 * budget))
+    assert r.prompt(previous, "en", "transcribe", True, many).prompt == [v.sot_prev, *many[:budget], *sot]

@@ -149,6 +149,19 @@ def test_too_large_not_multipart_and_chunked_uploads_are_refused(server):
     assert status == 411
 
 
+def test_uploads_are_counted_in_the_metrics(server):
+    """After the uploads above: /metrics (Prometheus' parser) counts the transcribed ones and the refused ones by
+    HTTP status."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    text = conn.getresponse().read().decode()
+    (uploads,) = [f for f in text_string_to_metric_families(text) if f.name == "asr_spec_uploads"]
+    counts = {(s.labels["outcome"], s.labels["status"]): s.value for s in uploads.samples if s.name.endswith("_total")}
+    assert counts[("transcribed", "200")] >= 5 and counts[("refused", "400")] >= 3 and counts[("refused", "413")] >= 1
+
+
 def test_a_server_full_of_uploads_says_busy(transcriber):
     """Beyond the waiting limit a request gets 503 at once, and the server recovers when the queue drains."""
     with running(transcriber) as s:

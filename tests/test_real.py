@@ -91,3 +91,17 @@ def test_converted_weights_transcribe_real_speech(base_model):
     t = Transcriber(base_model).transcribe(audio)
     assert t.language == "en"  # detected
     assert "ask not what your country can do for you" in t.text.lower()
+
+
+def test_hotwords_fix_a_misheard_name(base_transcriber):
+    """faster-whisper's hotwords: whisper-base mishears the city in this LJ Speech sentence ("Lubach" at float32,
+    "Lubek" at int8); with it among the hotwords it writes "Lübeck", and speculative output still equals
+    target-only decoding."""
+    audio = load_audio(DEV / "LJ001-0028.wav")
+    plain = base_transcriber.transcribe(audio, TranscribeOptions(language="en")).text
+    assert "Lübeck" not in plain and "Paris" in plain
+    options = TranscribeOptions(language="en", hotwords="Lübeck, Strasbourg, Basel")
+    hot = base_transcriber.transcribe(audio, options).text
+    assert "Lübeck" in hot
+    target_only = Transcriber(base_transcriber.target).transcribe(audio, options).text
+    assert hot == target_only

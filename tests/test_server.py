@@ -190,12 +190,35 @@ def test_max_sessions_refuses_clearly(server):
 
 
 def test_health_and_metrics_over_http(server):
+    """After the sessions above: /metrics in Prometheus' text format, read with Prometheus' own parser, counts
+    them (started, refused by reason, audio, latency and queue-wait histograms, draft tokens); ?format=json keeps
+    the JSON view with the same totals."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     _, url = server
     http = url.replace("ws://", "http://")
     assert urllib.request.urlopen(f"{http}/healthz", timeout=10).read() == b"ok\n"
-    m = json.loads(urllib.request.urlopen(f"{http}/metrics", timeout=10).read())
+    m = json.loads(urllib.request.urlopen(f"{http}/metrics?format=json", timeout=10).read())
     assert {"sessions", "audio_seconds", "rtf", "acceptance"} <= m.keys()
     assert m["audio_seconds"] > 0 and m["sessions_total"] > 0
+    reply = urllib.request.urlopen(f"{http}/metrics", timeout=10)
+    assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")  # what Prometheus scrapes
+    families = {f.name: f for f in text_string_to_metric_families(reply.read().decode())}
+    openmetrics = urllib.request.Request(f"{http}/metrics", headers={"Accept": "application/openmetrics-text"})
+    with urllib.request.urlopen(openmetrics, timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("application/openmetrics-text") and r.read().endswith(b"# EOF\n")
+    value = lambda family, sample, **labels: next(  # noqa: E731
+        s.value for s in families[family].samples if s.name == sample and labels.items() <= s.labels.items())
+    assert len(families) >= 10, sorted(families)
+    assert value("asr_spec_sessions_started", "asr_spec_sessions_started_total", protocol="native") >= m["sessions_total"]
+    assert value("asr_spec_sessions_refused", "asr_spec_sessions_refused_total", reason="server_full") >= 1
+    assert value("asr_spec_audio_received_seconds", "asr_spec_audio_received_seconds_total") >= m["audio_seconds"] > 0
+    assert value("asr_spec_engine_busy_seconds", "asr_spec_engine_busy_seconds_total") > 0
+    assert value("asr_spec_event_latency_seconds", "asr_spec_event_latency_seconds_count", type="final") > 0
+    assert value("asr_spec_event_latency_seconds", "asr_spec_event_latency_seconds_count", type="partial") > 0
+    assert value("asr_spec_decode_queue_wait_seconds", "asr_spec_decode_queue_wait_seconds_count") > 0
+    drafted = sum(s.value for s in families["asr_spec_draft_tokens"].samples)
+    assert drafted > 0 and families["asr_spec_sessions_active"].samples[0].value == 0
 
 
 def test_bearer_token_idle_timeout_and_oversized_messages(transcriber):

@@ -106,7 +106,8 @@ def test_start_values_of_the_wrong_type_get_their_error_codes(server):
              ({"language": 7}, "bad_language"), ({"sample_rate": []}, "bad_sample_rate"),
              ({"sample_rate": 16000.0}, "bad_sample_rate"), ({"sample_rate": True}, "bad_sample_rate"),
              ({"interim_results": "yes"}, "bad_start"), ({"interim_results": 1}, "bad_start"),
-             ({"word_timestamps": "true"}, "bad_start"), ({"word_timestamps": None}, "bad_start")]
+             ({"word_timestamps": "true"}, "bad_start"), ({"word_timestamps": None}, "bad_start"),
+             ({"hotwords": ["Lübeck"]}, "bad_start"), ({"hotwords": 7}, "bad_start"), ({"hotwords": "x" * 1001}, "bad_start")]
     with session(server) as ws:
         for fields, code in cases:
             ws.send(json.dumps({"type": "start", **fields}))
@@ -221,10 +222,12 @@ def test_metrics_needs_the_api_key_and_healthz_does_not(server):
         status, got, body = http_request(server, "GET", path, headers)
         assert status == 401 and b"sessions" not in body, f"GET {path} with {headers}: {status} {body[:200]!r}"
         assert got.get("WWW-Authenticate") == "Bearer", got
-    for headers, path in ((AUTH, "/metrics"), ({}, f"/metrics?api_key={KEY}")):
+    for headers, path in ((AUTH, "/metrics?format=json"), ({}, f"/metrics?api_key={KEY}&format=json")):
         status, _, body = http_request(server, "GET", path, headers)
         assert status == 200, f"GET {path} with {headers}: {status} {body[:200]!r}"
         assert {"sessions", "audio_seconds", "rtf"} <= json.loads(body).keys(), body[:200]
+    status, _, body = http_request(server, "GET", "/metrics", AUTH)
+    assert status == 200 and b"\nasr_spec_sessions_active " in body, body[:200]
     status, _, body = http_request(server, "GET", "/healthz")
     assert (status, body) == (200, b"ok\n"), f"/healthz without a key: {status} {body!r}"
 

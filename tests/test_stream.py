@@ -163,3 +163,11 @@ def test_every_sample_leaves_the_buffer_once(tokenizer):
     (final,) = s.settle_flush()  # no decode; the utterance still ends with a final
     assert final.type == "final" and final.text == "" and final.end_of_utterance
     assert s.stats.skipped_s == pytest.approx(3.0) and s.stats.decoded_s == 0 and s.flushes == 1
+
+
+def test_a_streams_hotwords_go_with_every_decode_it_asks_for(tokenizer):
+    """``StreamConfig.hotwords`` (serve --hotwords, a start message's ``hotwords``): each request carries their
+    tokens for the prompt (streaming/decode.py puts them before the context); none without."""
+    s = _stream(tokenizer, 3.0, close=True, hotwords="  Lübeck, Basel ")
+    assert s.request("partial").hotwords == s.request("final").hotwords == tokenizer.encode(" Lübeck, Basel")
+    assert _stream(tokenizer, 3.0).request("partial").hotwords == []

@@ -43,6 +43,7 @@ class Setup:
     threads: int
     compute_type: str = "float32"  # our systems' compute type where their name gives none
     encoder_window: str = "full"  # our systems' encoder input: padded 30 s windows, or only the audio
+    hotwords: str | None = None  # ours (TranscribeOptions.hotwords) and faster-whisper's
     device: str = "cpu"  # every system's device: torch's name (cpu, cuda, cuda:1); faster-whisper's cpu or cuda
 
 
@@ -134,6 +135,7 @@ def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
     temps = (0.0,) if spec.kind == "draft" else temperature_ladder(spec.temperature)
     opts = TranscribeOptions(language=setup.language, k=spec.k, draft_stop=spec.draft_stop, checks=Checks(temps, seed=spec.seed),
                              encoder_window=setup.encoder_window, adaptive_k=spec.adaptive_k, chunked=spec.chunked,
+                             hotwords=setup.hotwords,
                              **({"draft_margin": None} if spec.draft_full_view else {}))
 
     def run(audios: list[np.ndarray]) -> list[Output]:
@@ -194,9 +196,9 @@ def _faster_whisper(spec: SystemSpec, setup: Setup) -> Transcribe:
                          cpu_threads=setup.threads)
     if spec.kind == "faster-whisper-batched":  # its batched pipeline: a file's voice-activity chunks, no prompts
         pipeline = BatchedInferencePipeline(model)
-        transcribe = partial(pipeline.transcribe, batch_size=spec.batch_size)
+        transcribe = partial(pipeline.transcribe, batch_size=spec.batch_size, hotwords=setup.hotwords)
     else:  # Whisper's sequential loop
-        transcribe = partial(model.transcribe, vad_filter=False)
+        transcribe = partial(model.transcribe, vad_filter=False, hotwords=setup.hotwords)
 
     def run(audio: np.ndarray) -> Output:
         t0 = time.perf_counter()

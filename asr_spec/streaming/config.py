@@ -26,6 +26,7 @@ class StreamConfig:
     max_context: int = 192  # committed tokens kept as the prompt (prompt + prefix stay well under 448)
     unheard_s: float = 1.0  # a final whose text ends this long before speech does is committed only that far
     word_timestamps: bool = False  # finals carry their words with times (Whisper's alignment; the engine adds them)
+    hotwords: str = ""  # words to favour, in the prompt before the committed text of every decode (faster-whisper's)
     policy: str = POLICIES[0]  # what a re-decode commits: "alignatt" or "local-agreement" (policy.py)
     alignatt_margin_s: float = 0.5  # AlignAtt commits words that end at least this long before the decoded audio,
     alignatt_min_probability: float = 0.8  # ... if the target is sure of them (probability at least this); else

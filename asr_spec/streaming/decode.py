@@ -56,7 +56,7 @@ def decode_batch(rec: Recognizer, requests: list[Request], c: EngineConfig) -> l
     if rec.vocab.multilingual and None in languages:
         detected = rec.detect_language(memories[0], lengths)
         languages = [lang or d for lang, d in zip(languages, detected)]
-    rows = [replace(rec.prompt(r.context, lang, r.task, timestamps=True), prefix=r.prefix, hint=r.hint,
+    rows = [replace(rec.prompt(r.context, lang, r.task, timestamps=True, hotwords=r.hotwords), prefix=r.prefix, hint=r.hint,
                     sample_len=min(SAMPLE_LEN, len(r.prefix) + 16 + int(c.tokens_per_s * len(r.audio) / SAMPLE_RATE)))
             for r, lang in zip(requests, languages)]
     # AlignAtt's rows: their words from the decode's own cross-attention, or from a pass of their own after it
@@ -92,7 +92,8 @@ def _cut_overrun(rec: Recognizer, result: RowResult, positions: int, prefix: int
     """A re-decode that ran past its audio or looped, kept up to where it did: its tail is decoded again at the next
     step anyway, so it is not worth a decode on a padded 30 s window (a partial's loop is mostly a word cut off at
     the buffer's end, said again and again)."""
-    cut = max(prefix, min(len(result.tokens), rec.overrun(result.tokens, positions) or len(result.tokens)))
+    at = rec.overrun(result.tokens, positions)
+    cut = len(result.tokens) if at is None else max(prefix, at)
     kept = result.logprobs[:cut - prefix]
     attention = None if result.attention is None else result.attention[:, :cut + 1]
     return replace(result, tokens=result.tokens[:cut], sum_logprob=sum(kept), logprobs=kept, attention=attention)

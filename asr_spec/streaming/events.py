@@ -37,6 +37,7 @@ class Event:
     end_of_utterance: bool = False
     words: list[Word] | None = None  # a final's words, when its stream asked for word timestamps
     join: str = ""  # what goes between the stream's previous final and this text: " ", or "" (punctuation, first)
+    latency_s: float | None = None  # from the arrival of the audio at its end (a partial's: what its decode heard)
 
     def as_dict(self) -> dict:
         if self.type == "error":
@@ -108,15 +109,19 @@ class Emitter:
         raw = self.tokenizer.decode(tokens)
         text, join = raw.strip(), self._join(raw)
         self.said = self.said or bool(text)
-        if closed and text:  # latency: now minus when the audio at the final's end arrived
-            arrived = next((w for t, w in self.arrivals if t >= end - 1e-6), None)
-            if arrived is not None:
-                self.stats.final_latency_s.append(time.monotonic() - arrived)
+        latency = self._since(end) if closed and text else None  # a final's end is a timestamp only when closed
+        if latency is not None:
+            self.stats.final_latency_s.append(latency)
         if end_of_utterance:
             self.partial = ""
         self.emitted_end = end
         return Event("final", text, begin, end, self._segments(tokens, start, begin, end), end_of_utterance, words,
-                     join)
+                     join, latency)
+
+    def _since(self, stream_s: float) -> float | None:
+        """Seconds since the audio at stream time ``stream_s`` arrived (None when it is no longer known)."""
+        arrived = next((w for t, w in self.arrivals if t >= stream_s - 1e-6), None)
+        return None if arrived is None else time.monotonic() - arrived
 
     def partial_event(self, tokens: list[int], committed: list[int], start: float, buffer_end: float) -> list[Event]:
         """A partial for the uncommitted ``tokens`` after ``committed`` (none when it says what the last one did)."""
@@ -127,7 +132,8 @@ class Emitter:
             return []
         self.partial = text
         begin = max(self._end_of(committed, start), self.emitted_end)
-        return [Event("partial", text, begin, max(begin, buffer_end), join=self._join(raw))]
+        return [Event("partial", text, begin, max(begin, buffer_end), join=self._join(raw),
+                      latency_s=self._since(buffer_end))]
 
     def _segments(self, tokens: list[int], start: float, begin: float, end: float) -> list[Segment]:
         segments, at, part = [], begin, []

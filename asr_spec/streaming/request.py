@@ -1,7 +1,7 @@
 """What a stream asks the engine to decode, and what it gets back."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,6 +28,7 @@ class Request:
     aligns: bool = False  # its continuation will be aligned (AlignAtt): the engine aligns such rows together
     timed: bool = False  # words of it may be timed (AlignAtt, word timestamps): its result comes with an aligner
     encoder: BufferEncoder | None = None  # the stream's encoder state (EngineConfig.encoder_window "stream")
+    hotwords: list[int] = field(default_factory=list)  # tokens before the context in the prompt
 
     @property
     def final(self) -> bool:

@@ -40,6 +40,7 @@ class Stream:
                                  config.alignatt_min_probability, config.alignatt_unsure_margin_s)
         self.encoder = encoder
         self.language = config.language  # detected per utterance when None
+        self.hotwords = tokenizer.encode(" " + config.hotwords.strip()) if config.hotwords.strip() else []
         self.committed: list[int] = []  # tokens committed in the buffer (timestamps relative to its start)
         self.context: list[int] = []  # tokens committed before the buffer, timestamps included (the prompt)
         self.previous: list[int] = []  # the last continuation: for LocalAgreement-2, and the next draft hint
@@ -120,7 +121,8 @@ class Stream:
         context = self.context if kind == "window" else [t for t in self.context if t < self.vocab.eot]
         return Request(audio, self.intake.start, context, self.language, self.config.task, list(self.committed), hint,
                        kind, self.intake.taken(), aligns=kind == "partial" and self.policy.aligns,
-                       timed=self.policy.aligns or self.config.word_timestamps, encoder=self.encoder)
+                       timed=self.policy.aligns or self.config.word_timestamps, encoder=self.encoder,
+                       hotwords=self.hotwords)
 
     # --- results --------------------------------------------------------------------------------------
     def apply(self, request: Request, decoded: Decoded) -> list[Event]:
