@@ -167,14 +167,14 @@ class RealtimeSession(StreamSession):
                 await (self._commit() if kind == "input_audio_buffer.commit" else self._clear())
 
     async def _update(self, event: dict) -> None:
-        """New settings. A change of language or turn detection needs a new engine stream: what the old one holds is
+        """New settings. A change of language, turn detection, prompt or keywords needs a new engine stream: what the old one holds is
         committed and decoded first (the reader waits meanwhile)."""
         with self._atomic():
             old, new = self.settings, parse_update(event, self.settings, self.server.languages)
             self.beta = self.beta or event["type"] == "transcription_session.update"
-            stream, restart = new.stream(self.config.step_s, self.config.commit_policy), False
+            stream, restart = new.stream(self.config.step_s, self.config.commit_policy, self.config.hotwords), False
             if self.sid is not None:
-                restart = stream != old.stream(self.config.step_s, self.config.commit_policy)
+                restart = stream != old.stream(self.config.step_s, self.config.commit_policy, self.config.hotwords)
                 if restart or (new.format, new.rate) != (old.format, old.rate):
                     await self._end_audio(None)
             if restart:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..streaming.config import StreamConfig
-from .protocol import ECHO_FIELDS, AudioDecoder, ProtocolError, Start, echo, load_object
+from .protocol import ECHO_FIELDS, MAX_HOTWORDS, AudioDecoder, ProtocolError, Start, echo, load_object
 
 UPDATES = ("session.update", "transcription_session.update")
 CLIENT_EVENTS = (*UPDATES, "input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear")
@@ -18,7 +18,7 @@ FORMATS = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_
 SERVER_ERRORS = ("server_full", "shutting_down", "decode_failed", "flush_timeout")  # the rest are the client's
 # OpenAI's fields that do not apply here: accepted and ignored
 IGNORED = {"session": {"id", "object", "expires_at", "client_secret", "modalities"},
-           "transcription": {"delay", "keywords", "languages"},
+           "transcription": {"delay", "languages"},
            "turn_detection": {"create_response", "interrupt_response", "idle_timeout_ms", "eagerness"},
            "noise_reduction": {"strength"}}
 
@@ -52,7 +52,8 @@ class Settings:
     rate: int = 24000  # audio/pcm only: OpenAI's 24000, or any rate from 8000 to 192000 Hz (resampled)
     model: str = "whisper-1"  # any name: the server has one model
     language: str | None = None  # None: detected per utterance
-    prompt: str = ""
+    prompt: str = ""  # the stream's first prompt (Whisper's initial_prompt), then its committed text
+    keywords: tuple[str, ...] = ()  # hotwords: in the prompt before the committed text of every decode
     vad: Vad | None = Vad()  # None: turns end at input_audio_buffer.commit only
     noise_reduction: str | None = None
     logprobs: bool = False
@@ -62,16 +63,18 @@ class Settings:
         """Of the session's audio: 16-bit PCM at its rate, or G.711's byte per sample at 8 kHz."""
         return 2 * self.rate if self.format == "audio/pcm" else 8000
 
-    def stream(self, step_s: float, policy: str) -> StreamConfig:
-        """The engine stream these settings ask for."""
+    def stream(self, step_s: float, policy: str, hotwords: str = "") -> StreamConfig:
+        """The engine stream these settings ask for (``hotwords``: the server's, where the session names no keywords)."""
         vad = self.vad or Vad()
         return StreamConfig(language=self.language, interim=True, step_s=step_s, vad=self.vad is not None,
                             vad_threshold=vad.threshold, preroll_s=vad.prefix_padding_ms / 1000,
-                            end_silence_s=vad.silence_duration_ms / 1000, policy=policy)
+                            end_silence_s=vad.silence_duration_ms / 1000, policy=policy, prompt=self.prompt,
+                            hotwords=", ".join(self.keywords) if self.keywords else hotwords)
 
     def as_dict(self, beta: bool) -> dict:
         """The session object of ``session.created``/``.updated`` (beta: ``transcription_session.*``)."""
-        transcription = {"model": self.model, "language": self.language, "prompt": self.prompt}
+        transcription = {"model": self.model, "language": self.language, "prompt": self.prompt,
+                         **({"keywords": list(self.keywords)} if self.keywords else {})}
         vad = None if self.vad is None else {"type": "server_vad", **self.vad.__dict__}
         noise = None if self.noise_reduction is None else {"type": self.noise_reduction}
         include = [LOGPROBS] if self.logprobs else []
@@ -131,6 +134,18 @@ def _string(obj: dict, name: str, path: str, default, choices=None, nullable: bo
     raise RealtimeError("invalid_value", f"{path}.{name} must be {allowed}, not {echo(value)}", f"{path}.{name}")
 
 
+def _keywords(obj: dict, path: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    """``keywords``: a list of strings (or null: none), at most MAX_HOTWORDS characters joined."""
+    value = obj.get("keywords", default)
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)) or not all(isinstance(k, str) for k in value) \
+            or len(", ".join(value)) > MAX_HOTWORDS:
+        raise RealtimeError("invalid_value", f"{path}.keywords must be a list of strings of at most {MAX_HOTWORDS} "
+                            f"characters in all, not {echo(value)}", f"{path}.keywords")
+    return tuple(k.strip() for k in value if k.strip())
+
+
 def _beta_as_ga(session: dict) -> dict:
     """A beta ``transcription_session.update``'s session in the GA layout (same checks for both)."""
     session = _fields(session, "session", {"input_audio_format", "input_audio_transcription", "turn_detection",
@@ -176,12 +191,13 @@ def parse_update(event: dict, current: Settings, languages: set[str] | None) -> 
         new = replace(new, format=kind, rate=rate)
     if (tr := audio_in.get("transcription")) is not None:
         path = "session.audio.input.transcription"
-        _fields(tr, path, {"model", "language", "prompt"})
+        _fields(tr, path, {"model", "language", "prompt", "keywords"})
         language = _string(tr, "language", path, new.language, nullable=True) or None
         if language is not None and languages is not None and language not in languages:
             raise RealtimeError("invalid_value", f"unknown language {echo(language)}", f"{path}.language")
         new = replace(new, model=_string(tr, "model", path, new.model, nullable=True) or new.model, language=language,
-                      prompt=_string(tr, "prompt", path, new.prompt, nullable=True) or "")
+                      prompt=_string(tr, "prompt", path, new.prompt, nullable=True) or "",
+                      keywords=_keywords(tr, path, new.keywords))
     if "turn_detection" in audio_in:
         new = replace(new, vad=_vad(audio_in["turn_detection"], new.vad))
     if "noise_reduction" in audio_in:

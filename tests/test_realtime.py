@@ -294,3 +294,26 @@ def test_keys_from_the_header_or_the_browser_subprotocol_and_a_wrong_key_is_refu
         with pytest.raises(InvalidStatus) as info:
             connect(url, subprotocols=protocols, open_timeout=10)
         assert info.value.response.status_code == 401
+
+
+def test_keywords_fix_a_misheard_name(server):
+    """``transcription.keywords`` as hotwords: whisper-base mishears the city in this LJ Speech sentence; with it among
+    the session's keywords the completed transcript writes "Lübeck". A session.update that sets them is reported
+    back with them."""
+    async def transcript(**transcription) -> tuple[str, dict]:
+        seen: list[dict] = []
+        session = ga_session()
+        session["audio"]["input"]["transcription"].update(transcription)
+        async with client(server.port).realtime.connect(extra_query={"intent": "transcription"}) as conn:
+            await conn.session.update(session=session)
+            updated = await until(conn, seen, "session.updated", 10)
+            await conn.input_audio_buffer.append(audio=b64(pcm24(load_audio(DEV / "LJ001-0028.wav"), silence_s=1.5)))
+            done = await until(conn, seen, COMPLETED)
+            return done["transcript"], updated["session"]
+
+    plain, _ = asyncio.run(transcript())
+    hot, session = asyncio.run(transcript(keywords=["Lübeck", "Strasbourg", "Basel"]))
+    print(f"without: {plain!r}\nwith keywords: {hot!r}")
+    assert session["audio"]["input"]["transcription"]["keywords"] == ["Lübeck", "Strasbourg", "Basel"]
+    assert "Lübeck" not in plain and "Paris" in plain
+    assert "Lübeck" in hot

@@ -53,6 +53,23 @@ def test_defaults_are_openais_and_a_ga_update_changes_only_what_it_names():
     json.dumps(ga)
 
 
+def test_the_prompt_and_keywords_reach_the_stream():
+    """``transcription.prompt``: the stream's first prompt (Whisper's initial_prompt); ``keywords``: its hotwords
+    (faster-whisper's, in every decode's prompt); both reported back; bad keywords name the field."""
+    s = update({"type": "transcription", "audio": {"input": {"transcription": {
+        "prompt": "Printing in the fifteenth century.", "keywords": ["Lübeck", " Basel ", ""]}}}})
+    config = s.stream(0.5, "alignatt")
+    assert (config.prompt, config.hotwords) == ("Printing in the fifteenth century.", "Lübeck, Basel")
+    assert s.as_dict(beta=False)["audio"]["input"]["transcription"]["keywords"] == ["Lübeck", "Basel"]
+    beta = update({"input_audio_transcription": {"keywords": ["Lübeck"]}}, beta=True)
+    assert beta.stream(0.5, "alignatt").hotwords == "Lübeck"
+    cleared = update({"type": "transcription", "audio": {"input": {"transcription": {"keywords": None}}}}, s)
+    assert cleared.keywords == () and cleared.prompt == s.prompt
+    path = "session.audio.input.transcription.keywords"
+    for bad in ("Lübeck", [1, 2], ["x" * 1001]):
+        refused({"type": "transcription", "audio": {"input": {"transcription": {"keywords": bad}}}}, path)
+
+
 def test_beta_transcription_session_update_maps_onto_the_same_settings():
     s = update({"input_audio_format": "g711_ulaw", "input_audio_transcription": {"model": "whisper-1", "language": "fr"},
                 "turn_detection": {"type": "server_vad", "threshold": 0.6, "prefix_padding_ms": 200},

@@ -27,6 +27,7 @@ class StreamConfig:
     unheard_s: float = 1.0  # a final whose text ends this long before speech does is committed only that far
     word_timestamps: bool = False  # finals carry their words with times (Whisper's alignment; the engine adds them)
     hotwords: str = ""  # words to favour, in the prompt before the committed text of every decode (faster-whisper's)
+    prompt: str = ""  # text the first decodes are prompted with until text is committed (Whisper's initial_prompt)
     policy: str = POLICIES[0]  # what a re-decode commits: "alignatt" or "local-agreement" (policy.py)
     alignatt_margin_s: float = 0.5  # AlignAtt commits words that end at least this long before the decoded audio,
     alignatt_min_probability: float = 0.8  # ... if the target is sure of them (probability at least this); else

@@ -42,7 +42,8 @@ class Stream:
         self.language = config.language  # detected per utterance when None
         self.hotwords = tokenizer.encode(" " + config.hotwords.strip()) if config.hotwords.strip() else []
         self.committed: list[int] = []  # tokens committed in the buffer (timestamps relative to its start)
-        self.context: list[int] = []  # tokens committed before the buffer, timestamps included (the prompt)
+        # tokens committed before the buffer, timestamps included (the prompt); at first StreamConfig.prompt's
+        self.context: list[int] = tokenizer.encode(" " + config.prompt.strip()) if config.prompt.strip() else []
         self.previous: list[int] = []  # the last continuation: for LocalAgreement-2, and the next draft hint
         self.flush_requested = False
         self.flush_upto = 0.0  # audio seconds received when the pending flush was asked for
