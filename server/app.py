@@ -63,7 +63,8 @@ class Server:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._done: asyncio.Future | None = None
         self.port: int | None = None
-        routes = [Route("/health", self.health), Route("/healthz", self.health), Route("/metrics", self.metrics_page),
+        routes = [Route("/health", self.health), Route("/healthz", self.health), Route("/livez", self.alive),
+                  Route("/metrics", self.metrics_page),
                   Route("/", self.page), Mount("/static", StaticFiles(directory=STATIC)),
                   WebSocketRoute("/", self.websocket),
                   WebSocketRoute("/v1/realtime", partial(self.websocket, kind=RealtimeSession)),  # realtime.py
@@ -110,7 +111,22 @@ class Server:
         return match_key(self.config.api_keys, token or conn.query_params.get("api_key", ""))
 
     # --- HTTP -----------------------------------------------------------------------------------------
-    async def health(self, request: Request) -> Response:  # open: load balancers probe it without a key
+    def unready(self) -> str | None:
+        """Why this server takes no new session now (draining, full), or None: it is ready."""
+        if self._done is None or self._done.done():
+            return "draining: the server is shutting down"
+        if len(self.connections) >= self.config.max_sessions:
+            return f"full: all {self.config.max_sessions} sessions are in use"
+        return None
+
+    async def health(self, request: Request) -> Response:
+        """Readiness, for load balancers (open: they probe without a key): 200 ``ok``, or 503 and the reason while
+        the server is full or draining."""
+        reason = self.unready()
+        return PlainTextResponse("ok\n" if reason is None else reason + "\n", 200 if reason is None else 503)
+
+    async def alive(self, request: Request) -> Response:
+        """Liveness (open): 200 while the process serves HTTP, full or draining alike."""
         return PlainTextResponse("ok\n")
 
     async def metrics_page(self, request: Request) -> Response:

@@ -23,12 +23,12 @@ def free_port() -> int:
 
 
 def wait_serving(port: int, proc: subprocess.Popen, stderr, seconds: float = 180) -> None:
-    """Wait until the server on ``port`` answers /healthz; kill it and raise with ``stderr()`` if it exits or
+    """Wait until the server on ``port`` answers /livez; kill it and raise with ``stderr()`` if it exits or
     does not answer within ``seconds``."""
     deadline = time.monotonic() + seconds
     while True:
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=2)
             return
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:

@@ -1,5 +1,5 @@
 """The container image, tested where Docker cannot run: the Dockerfile installs with exactly the README's set-up
-command, runs as a non-root user with a health check on /health, and its entry point -- run as the image runs it,
+command, runs as a non-root user with a health check on /livez, and its entry point -- run as the image runs it,
 ``sh -c`` and all, with the image's environment -- starts `asr_spec serve`, answers the health check, and drains and
 exits 0 on SIGTERM (what ``docker stop`` sends)."""
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_the_image_installs_with_the_readmes_set_up_command_and_runs_unprivilege
     words = [w for w, _ in steps]
     assert one("USER") not in ("root", "0"), one("USER")
     assert words.index("USER") < install[0] < words.index("ENTRYPOINT")  # installed and run as that user
-    assert "/health" in one("HEALTHCHECK") and one("HEALTHCHECK").split()[-1] != "NONE"
+    assert "/livez" in one("HEALTHCHECK") and one("HEALTHCHECK").split()[-1] != "NONE"  # liveness: not 503 when full
     assert "ARG DEVICE=cpu" in (ROOT / "Dockerfile").read_text()
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", ".git", "build"} <= set(ignored), ignored

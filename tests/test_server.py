@@ -6,6 +6,7 @@ import json
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 from contextlib import contextmanager
 
@@ -175,9 +176,16 @@ def test_abrupt_disconnects_do_not_hurt_the_server(server):
 
 
 def test_max_sessions_refuses_clearly(server):
+    """A full server refuses a session with server_full (1013), and says so on /health (readiness: 503 and the
+    reason) while /livez stays 200; once a session ends /health is 200 again."""
     _, url = server
+    http = url.replace("ws://", "http://")
     held = [connect(url).__enter__() for _ in range(5)]
     try:
+        with pytest.raises(urllib.error.HTTPError) as full:
+            urllib.request.urlopen(f"{http}/health", timeout=10)
+        assert full.value.code == 503 and full.value.read() == b"full: all 5 sessions are in use\n"
+        assert urllib.request.urlopen(f"{http}/livez", timeout=10).read() == b"ok\n"
         with connect(url) as extra:
             e = recv(extra, timeout=10)
             assert e["type"] == "error" and e["code"] == "server_full"
@@ -187,6 +195,15 @@ def test_max_sessions_refuses_clearly(server):
     finally:
         for ws in held:
             ws.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            assert urllib.request.urlopen(f"{http}/health", timeout=10).read() == b"ok\n"
+            break
+        except urllib.error.HTTPError:
+            time.sleep(0.05)
+    else:
+        pytest.fail("/health still 503 10 s after the sessions closed")
 
 
 def test_health_and_metrics_over_http(server):
