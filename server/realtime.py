@@ -9,7 +9,7 @@ client's ``input_audio_buffer.commit`` asks for.
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket
 
@@ -36,6 +36,7 @@ class Turn:
     text: str = ""  # the deltas sent so far
     committed: bool = False  # input_audio_buffer.committed has been sent
     previous: str | None = None  # the item before it
+    logprobs: list[dict] = field(default_factory=list)  # its text tokens' log-probabilities (include: logprobs)
 
 
 class RealtimeSession(StreamSession):
@@ -99,6 +100,8 @@ class RealtimeSession(StreamSession):
         if e.type == "final" and e.text:
             delta = (e.join if self.turn.text else "") + e.text
             self.turn.text += delta
+            self.turn.logprobs += [{"token": token, "logprob": lp, "bytes": list(token.encode())}
+                                   for token, lp in e.logprobs or []]
             self.emit("conversation.item.input_audio_transcription.delta", item_id=self.turn.item, content_index=0,
                       delta=delta)
         if ends and self.turn is not None:
@@ -129,7 +132,7 @@ class RealtimeSession(StreamSession):
         completed = {"item_id": turn.item, "content_index": 0, "transcript": turn.text,
                      "usage": {"type": "duration", "seconds": round(max(0.0, end - turn.start), 3)}}
         if self.settings.logprobs:
-            completed["logprobs"] = None  # not computed yet (docs/realtime.md)
+            completed["logprobs"] = turn.logprobs
         self.emit("conversation.item.input_audio_transcription.completed", **completed)
         if not self.beta:
             self.emit("conversation.item.done", previous_item_id=turn.previous, item=item(turn.item, turn.text))

@@ -296,19 +296,24 @@ def test_keys_from_the_header_or_the_browser_subprotocol_and_a_wrong_key_is_refu
         assert info.value.response.status_code == 401
 
 
-def test_keywords_fix_a_misheard_name(server):
+def test_keywords_fix_a_misheard_name_and_logprobs_come_with_the_transcript(server):
     """``transcription.keywords`` as hotwords: whisper-base mishears the city in this LJ Speech sentence; with it among
     the session's keywords the completed transcript writes "Lübeck". A session.update that sets them is reported
-    back with them."""
+    back with them. With ``include: [logprobs]`` the completed event carries each text token of the transcript with
+    the target's log-probability (OpenAI's shape: token, logprob, bytes)."""
+    completed: list[dict] = []
+
     async def transcript(**transcription) -> tuple[str, dict]:
         seen: list[dict] = []
         session = ga_session()
         session["audio"]["input"]["transcription"].update(transcription)
+        session["include"] = ["item.input_audio_transcription.logprobs"]
         async with client(server.port).realtime.connect(extra_query={"intent": "transcription"}) as conn:
             await conn.session.update(session=session)
             updated = await until(conn, seen, "session.updated", 10)
             await conn.input_audio_buffer.append(audio=b64(pcm24(load_audio(DEV / "LJ001-0028.wav"), silence_s=1.5)))
             done = await until(conn, seen, COMPLETED)
+            completed.append(done)
             return done["transcript"], updated["session"]
 
     plain, _ = asyncio.run(transcript())
@@ -317,3 +322,8 @@ def test_keywords_fix_a_misheard_name(server):
     assert session["audio"]["input"]["transcription"]["keywords"] == ["Lübeck", "Strasbourg", "Basel"]
     assert "Lübeck" not in plain and "Paris" in plain
     assert "Lübeck" in hot
+    for done in completed:
+        tokens = done["logprobs"]
+        assert "".join(t["token"] for t in tokens).strip() == done["transcript"], tokens
+        assert all(t["logprob"] <= 0 and bytes(t["bytes"]) == t["token"].encode() for t in tokens)
+        assert min(t["logprob"] for t in tokens) > -20

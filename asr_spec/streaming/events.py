@@ -38,6 +38,7 @@ class Event:
     words: list[Word] | None = None  # a final's words, when its stream asked for word timestamps
     join: str = ""  # what goes between the stream's previous final and this text: " ", or "" (punctuation, first)
     latency_s: float | None = None  # from the arrival of the audio at its end (a partial's: what its decode heard)
+    logprobs: list[tuple[str, float]] | None = None  # a final's text tokens and the target's log-probability of each
 
     def as_dict(self) -> dict:
         if self.type == "error":
@@ -90,7 +91,7 @@ class Emitter:
         self.arrivals.append((stream_s, time.monotonic()))
 
     def final(self, tokens: list[int], before: list[int], start: float, heard: float, end_of_utterance: bool,
-              aligner: Aligner | None = None) -> Event:
+              aligner: Aligner | None = None, logprobs: list[float] | None = None) -> Event:
         """A final for newly committed ``tokens`` decoded after ``before`` in a buffer starting at ``start``, whose
         decode heard audio up to stream time ``heard``. Without a closing timestamp the span ends where the decoded
         audio ended (an estimate), and never after it; finals never overlap."""
@@ -115,8 +116,10 @@ class Emitter:
         if end_of_utterance:
             self.partial = ""
         self.emitted_end = end
+        scored = None if logprobs is None else [(self.tokenizer.decode([t]), lp) for t, lp in zip(tokens, logprobs)
+                                                if t < self.tokenizer.vocab.eot]
         return Event("final", text, begin, end, self._segments(tokens, start, begin, end), end_of_utterance, words,
-                     join, latency)
+                     join, latency, scored)
 
     def _since(self, stream_s: float) -> float | None:
         """Seconds since the audio at stream time ``stream_s`` arrived (None when it is no longer known)."""

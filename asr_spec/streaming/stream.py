@@ -306,7 +306,9 @@ class Stream:
         intake = self.intake
         heard = intake.start + (len(intake.audio) if decoded is None else decoded) / SAMPLE_RATE
         aligner = None if self._decoded is None else self._decoded.aligner
-        return self.emit.final(tokens, self.committed, intake.start, heard, end_of_utterance, aligner)
+        # a final's tokens are always the first of its decode's continuation: their log-probabilities come first too
+        logprobs = None if self._decoded is None else self._decoded.result.logprobs[:len(tokens)]
+        return self.emit.final(tokens, self.committed, intake.start, heard, end_of_utterance, aligner, logprobs)
 
     def _partial_event(self) -> list[Event]:
         return self.emit.partial_event(self.previous, self.committed, self.intake.start, self.intake.end)
