@@ -76,14 +76,20 @@ class Recognizer:
         return enc, (self.draft.encoder_out(mel, enc) if self.draft else None)
 
     @torch.inference_mode()
-    def detect_language(self, target_memory: torch.Tensor, lengths: list[int] | None = None) -> list[str]:
-        """The most likely language of each window in the batch (Whisper's detection from <|startoftranscript|>)."""
+    def detect_language(self, target_memory: torch.Tensor, lengths: list[int] | None = None,
+                        among: list[tuple[str, ...]] | None = None) -> list[str]:
+        """The most likely language of each window in the batch (Whisper's detection from <|startoftranscript|>);
+        ``among``: per window, the languages it may be (empty: any)."""
         v = self.vocab
         dec = self.target.decoder
         cache = dec.new_cache(target_memory, 1, lengths)
         sot = torch.full((target_memory.shape[0], 1), v.sot, device=dec.device)
         logits = dec(cache, sot, torch.zeros_like(sot))[:, 0].float()
         codes, ids = list(v.languages), list(v.languages.values())
+        if among is not None and any(among):
+            barred = torch.tensor([[bool(allowed) and code not in allowed for code in codes] for allowed in among],
+                                  device=logits.device)
+            return [codes[i] for i in logits[:, ids].masked_fill(barred, float("-inf")).argmax(dim=-1).tolist()]
         return [codes[i] for i in logits[:, ids].argmax(dim=-1).tolist()]
 
     def prompt(self, previous: list[int], language: str | None, task: str, timestamps: bool,

@@ -18,7 +18,7 @@ FORMATS = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_
 SERVER_ERRORS = ("server_full", "shutting_down", "decode_failed", "flush_timeout")  # the rest are the client's
 # OpenAI's fields that do not apply here: accepted and ignored
 IGNORED = {"session": {"id", "object", "expires_at", "client_secret", "modalities"},
-           "transcription": {"delay", "languages"},
+           "transcription": {"delay"},
            "turn_detection": {"create_response", "interrupt_response", "idle_timeout_ms", "eagerness"},
            "noise_reduction": {"strength"}}
 
@@ -52,6 +52,7 @@ class Settings:
     rate: int = 24000  # audio/pcm only: OpenAI's 24000, or any rate from 8000 to 192000 Hz (resampled)
     model: str = "whisper-1"  # any name: the server has one model
     language: str | None = None  # None: detected per utterance
+    languages: tuple[str, ...] = ()  # with language None: detected among these only (empty: any)
     prompt: str = ""  # the stream's first prompt (Whisper's initial_prompt), then its committed text
     keywords: tuple[str, ...] = ()  # hotwords: in the prompt before the committed text of every decode
     vad: Vad | None = Vad()  # None: turns end at input_audio_buffer.commit only
@@ -66,7 +67,7 @@ class Settings:
     def stream(self, step_s: float, policy: str, hotwords: str = "") -> StreamConfig:
         """The engine stream these settings ask for (``hotwords``: the server's, where the session names no keywords)."""
         vad = self.vad or Vad()
-        return StreamConfig(language=self.language, interim=True, step_s=step_s, vad=self.vad is not None,
+        return StreamConfig(language=self.language, languages=self.languages, interim=True, step_s=step_s, vad=self.vad is not None,
                             vad_threshold=vad.threshold, preroll_s=vad.prefix_padding_ms / 1000,
                             end_silence_s=vad.silence_duration_ms / 1000, policy=policy, prompt=self.prompt,
                             hotwords=", ".join(self.keywords) if self.keywords else hotwords)
@@ -74,7 +75,8 @@ class Settings:
     def as_dict(self, beta: bool) -> dict:
         """The session object of ``session.created``/``.updated`` (beta: ``transcription_session.*``)."""
         transcription = {"model": self.model, "language": self.language, "prompt": self.prompt,
-                         **({"keywords": list(self.keywords)} if self.keywords else {})}
+                         **({"keywords": list(self.keywords)} if self.keywords else {}),
+                         **({"languages": list(self.languages)} if self.languages else {})}
         vad = None if self.vad is None else {"type": "server_vad", **self.vad.__dict__}
         noise = None if self.noise_reduction is None else {"type": self.noise_reduction}
         include = [LOGPROBS] if self.logprobs else []
@@ -146,6 +148,18 @@ def _keywords(obj: dict, path: str, default: tuple[str, ...]) -> tuple[str, ...]
     return tuple(k.strip() for k in value if k.strip())
 
 
+def _languages(obj: dict, path: str, default: tuple[str, ...], known: set[str] | None) -> tuple[str, ...]:
+    """``languages``: language codes of the model that detection may choose (or null: any)."""
+    value = obj.get("languages", default)
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)) or len(value) > 200 or not all(
+            isinstance(code, str) and (known is None or code in known) for code in value):
+        raise RealtimeError("invalid_value", f"{path}.languages must be a list of the model's language codes, not "
+                            f"{echo(value)}", f"{path}.languages")
+    return tuple(dict.fromkeys(value))
+
+
 def _beta_as_ga(session: dict) -> dict:
     """A beta ``transcription_session.update``'s session in the GA layout (same checks for both)."""
     session = _fields(session, "session", {"input_audio_format", "input_audio_transcription", "turn_detection",
@@ -191,13 +205,13 @@ def parse_update(event: dict, current: Settings, languages: set[str] | None) -> 
         new = replace(new, format=kind, rate=rate)
     if (tr := audio_in.get("transcription")) is not None:
         path = "session.audio.input.transcription"
-        _fields(tr, path, {"model", "language", "prompt", "keywords"})
+        _fields(tr, path, {"model", "language", "prompt", "keywords", "languages"})
         language = _string(tr, "language", path, new.language, nullable=True) or None
         if language is not None and languages is not None and language not in languages:
             raise RealtimeError("invalid_value", f"unknown language {echo(language)}", f"{path}.language")
         new = replace(new, model=_string(tr, "model", path, new.model, nullable=True) or new.model, language=language,
                       prompt=_string(tr, "prompt", path, new.prompt, nullable=True) or "",
-                      keywords=_keywords(tr, path, new.keywords))
+                      keywords=_keywords(tr, path, new.keywords), languages=_languages(tr, path, new.languages, languages))
     if "turn_detection" in audio_in:
         new = replace(new, vad=_vad(audio_in["turn_detection"], new.vad))
     if "noise_reduction" in audio_in:

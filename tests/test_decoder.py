@@ -399,3 +399,20 @@ def test_hotwords_come_before_the_previous_text_in_every_window_prompt(tiny_targ
     assert prompt == [v.sot_prev, 7, 8, *previous[-(budget - 2):], *sot]
     many = list(range(2000, 2000 + 2 * budget))
     assert r.prompt(previous, "en", "transcribe", True, many).prompt == [v.sot_prev, *many[:budget], *sot]
+
+
+def test_language_detection_chooses_among_the_languages_it_is_given(tiny_target):
+    """``detect_language(..., among=...)``: per window, the most likely of its allowed languages (Realtime's
+    ``languages``); an empty set allows any, as without it."""
+    import torch
+
+    from asr_spec.recognizer import Recognizer
+
+    r = Recognizer(tiny_target)
+    memory = tiny_target.encode(torch.randn(3, 80, 3000, generator=torch.Generator().manual_seed(2)))
+    free = r.detect_language(memory)
+    assert r.detect_language(memory, among=[(), (), ()]) == free
+    others = [tuple(c for c in ("en", "de", "fr", "es") if c != lang)[:2] for lang in free]
+    chosen = r.detect_language(memory, among=others)
+    assert all(c in allowed and c != f for c, allowed, f in zip(chosen, others, free))
+    assert r.detect_language(memory, among=[("ja",), (), ("de",)]) == ["ja", free[1], "de"]

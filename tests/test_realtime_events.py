@@ -70,6 +70,19 @@ def test_the_prompt_and_keywords_reach_the_stream():
         refused({"type": "transcription", "audio": {"input": {"transcription": {"keywords": bad}}}}, path)
 
 
+def test_languages_restrict_detection():
+    """``transcription.languages``: with no ``language``, detection chooses among them (the engine's
+    ``StreamConfig.languages``); codes the model lacks are refused naming the field; null allows any again."""
+    s = update({"type": "transcription", "audio": {"input": {"transcription": {"language": None,
+                                                                              "languages": ["de", "fr", "de"]}}}})
+    assert s.stream(0.5, "alignatt").languages == ("de", "fr") and s.stream(0.5, "alignatt").language is None
+    assert s.as_dict(beta=False)["audio"]["input"]["transcription"]["languages"] == ["de", "fr"]
+    assert update({"type": "transcription", "audio": {"input": {"transcription": {"languages": None}}}}, s).languages == ()
+    path = "session.audio.input.transcription.languages"
+    for bad in ("de", ["xx"], [3]):
+        refused({"type": "transcription", "audio": {"input": {"transcription": {"languages": bad}}}}, path)
+
+
 def test_beta_transcription_session_update_maps_onto_the_same_settings():
     s = update({"input_audio_format": "g711_ulaw", "input_audio_transcription": {"model": "whisper-1", "language": "fr"},
                 "turn_detection": {"type": "server_vad", "threshold": 0.6, "prefix_padding_ms": 200},

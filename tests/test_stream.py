@@ -171,5 +171,6 @@ def test_a_streams_hotwords_go_with_every_decode_it_asks_for(tokenizer):
     s = _stream(tokenizer, 3.0, close=True, hotwords="  Lübeck, Basel ")
     assert s.request("partial").hotwords == s.request("final").hotwords == tokenizer.encode(" Lübeck, Basel")
     assert _stream(tokenizer, 3.0).request("partial").hotwords == []
+    assert _stream(tokenizer, 3.0, language=None, languages=("de", "fr")).request("partial").languages == ("de", "fr")
     prompted = _stream(tokenizer, 3.0, prompt=" Printing, in the only sense ")  # the first prompt: initial_prompt
     assert prompted.request("partial").context == tokenizer.encode(" Printing, in the only sense")

@@ -11,6 +11,7 @@ from .encoding import WINDOWS
 @dataclass(frozen=True)
 class StreamConfig:
     language: str | None = "en"  # None: detect at the start of each utterance (multilingual models)
+    languages: tuple[str, ...] = ()  # with language None: detect among these only (empty: any)
     task: str = "transcribe"
     interim: bool = True  # send partial results
     step_s: float = STEP_S  # re-decode once this much new audio has arrived (the engine waits longer under load)

@@ -54,7 +54,7 @@ def decode_batch(rec: Recognizer, requests: list[Request], c: EngineConfig) -> l
     cross = (_stacked([e.cross for e in encoded]), _stacked([e.draft_cross for e in encoded]))
     languages = [r.language for r in requests]
     if rec.vocab.multilingual and None in languages:
-        detected = rec.detect_language(memories[0], lengths)
+        detected = rec.detect_language(memories[0], lengths, [r.languages for r in requests])
         languages = [lang or d for lang, d in zip(languages, detected)]
     rows = [replace(rec.prompt(r.context, lang, r.task, timestamps=True, hotwords=r.hotwords), prefix=r.prefix, hint=r.hint,
                     sample_len=min(SAMPLE_LEN, len(r.prefix) + 16 + int(c.tokens_per_s * len(r.audio) / SAMPLE_RATE)))

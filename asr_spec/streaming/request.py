@@ -29,6 +29,7 @@ class Request:
     timed: bool = False  # words of it may be timed (AlignAtt, word timestamps): its result comes with an aligner
     encoder: BufferEncoder | None = None  # the stream's encoder state (EngineConfig.encoder_window "stream")
     hotwords: list[int] = field(default_factory=list)  # tokens before the context in the prompt
+    languages: tuple[str, ...] = ()  # with language None: the languages detection may choose (empty: any)
 
     @property
     def final(self) -> bool:

@@ -123,7 +123,7 @@ class Stream:
         return Request(audio, self.intake.start, context, self.language, self.config.task, list(self.committed), hint,
                        kind, self.intake.taken(), aligns=kind == "partial" and self.policy.aligns,
                        timed=self.policy.aligns or self.config.word_timestamps, encoder=self.encoder,
-                       hotwords=self.hotwords)
+                       hotwords=self.hotwords, languages=self.config.languages)
 
     # --- results --------------------------------------------------------------------------------------
     def apply(self, request: Request, decoded: Decoded) -> list[Event]:
