@@ -52,6 +52,10 @@ def stop_and_check(driver, summary: str) -> None:
 
 
 def test_the_page_streams_the_microphone_and_shows_the_words(tmp_path):
+    """The microphone's level moves, partials show apart from the finals, the latency of the last final is shown,
+    and the transcript downloads as text and as SubRip with the finals' times."""
+    import re
+
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -62,14 +66,26 @@ def test_the_page_streams_the_microphone_and_shows_the_words(tmp_path):
             assert driver.find_element(By.ID, "state").text == "disconnected"
             driver.find_element(By.ID, "toggle").click()
             WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "state").text == "listening")
-            seen_partial = []
+            seen_partial, levels = [], []
             WebDriverWait(driver, 120, poll_frequency=0.2).until(
                 lambda d: seen_partial.append(d.find_element(By.ID, "partial").text) or
+                levels.append(float(d.find_element(By.ID, "level").get_attribute("value"))) or
                 "what your country can do for you" in d.find_element(By.ID, "final").text.lower())
             assert any(seen_partial), "no partial text was shown while speaking"
+            assert max(levels) > 0.05, f"the level meter did not move: {max(levels)}"
+            latency = driver.find_element(By.ID, "latency").text
+            assert re.fullmatch(r"last final: \d+\.\d s after its audio", latency), latency
             SCREENSHOT.parent.mkdir(exist_ok=True)
             driver.save_screenshot(str(SCREENSHOT))
             stop_and_check(driver, "tokens")
+            text = driver.execute_script("return transcriptAs('txt')")
+            srt = driver.execute_script("return transcriptAs('srt')")
+            assert "what your country can do for you" in text.lower()
+            assert re.match(r"1\n00:00:\d\d,\d{3} --> 00:00:\d\d,\d{3}\n\S", srt), srt
+            assert "country" in srt.lower()
+            for link in ("download-txt", "download-srt"):
+                driver.find_element(By.ID, link).click()
+                assert driver.find_element(By.ID, link).get_attribute("href").startswith("blob:")
         finally:
             driver.quit()
     assert SCREENSHOT.stat().st_size > 10_000
@@ -96,6 +112,22 @@ def test_the_page_speaks_the_openai_realtime_protocol_too(tmp_path):
             assert driver.find_element(By.ID, "error").text == "", driver.find_element(By.ID, "error").text
             stop_and_check(driver, "OpenAI Realtime")
             assert driver.find_element(By.ID, "state").text == "disconnected"
+        finally:
+            driver.quit()
+
+
+def test_the_page_says_when_the_key_is_wrong(tmp_path):
+    """A server with a key and a page opened without it: the person is told to open it with ?api_key=."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with serve(env={"ASR_SPEC_API_KEY": "right-key"}) as url:
+        driver = speaking_browser(tmp_path)
+        try:
+            driver.get(url.replace("ws://", "http://") + "/?api_key=wrong-key")
+            driver.find_element(By.ID, "toggle").click()
+            WebDriverWait(driver, 30).until(lambda d: "API key" in d.find_element(By.ID, "error").text)
+            assert "refused this API key" in driver.find_element(By.ID, "error").text
         finally:
             driver.quit()
 
