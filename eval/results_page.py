@@ -116,9 +116,10 @@ def capacity_table(doc: dict) -> str:
 def live_table(doc: dict | list) -> str:
     """eval/live_with_uploads.py: one row per setting (older runs saved the bare list of rows)."""
     head = ["setting", "live final latency median / p90 / max s", "uploads finished", "upload s median", "finals",
-            "stream wall s"]
+            "stream wall s", "uploaders", "uploads refused", "server peak RSS MB"]
     rows = [[r["setting"], " / ".join(num(r[f"final_latency_{q}_s"]) for q in ("median", "p90", "max")),
-             r["uploads_finished"], r["upload_seconds_median"], r["finals"], r["stream_wall_s"]]
+             r["uploads_finished"], r["upload_seconds_median"], r["finals"], r["stream_wall_s"],
+             *(r.get(k, "—") for k in ("uploaders", "uploads_refused", "server_peak_rss_mb"))]
             for r in (doc["settings"] if isinstance(doc, dict) else doc)]
     return md_table(head, rows)
 
