@@ -61,10 +61,22 @@ class HeadTimeout(H11Protocol):
 
 
 class WebSockets(WebSocketsSansIOProtocol):
-    """uvicorn's WebSocket protocol (websockets' sans-I/O one), but what a client gets wrong is not logged as a
-    server error: a text message that is not UTF-8 is one warning line (uvicorn logs an error with a traceback),
-    and a handshake the app refuses (401) is logged by the app alone (uvicorn would add "ASGI callable returned
+    """uvicorn's WebSocket protocol (websockets' sans-I/O one), but a lost peer's unread messages are dropped, and
+    what a client gets wrong is not logged as a server error: a text message that is not UTF-8 is one warning line
+    (uvicorn logs an error with a traceback), and a handshake the app refuses (401) is logged by the app alone (uvicorn would add "ASGI callable returned
     without completing handshake" as an error, because it does not count a denial response as completing it)."""
+
+    def connection_lost(self, exc) -> None:
+        """The peer is gone: messages it sent that the app has not taken yet are dropped, so that the app hears
+        of the loss next rather than after working through them (a flooding client that vanished left hundreds of
+        audio and junk messages queued; decoding them held its session slot for seconds)."""
+        kept = []
+        while not self.queue.empty():
+            if (message := self.queue.get_nowait())["type"] != "websocket.receive":
+                kept.append(message)
+        for message in kept:
+            self.queue.put_nowait(message)
+        super().connection_lost(exc)
 
     def send_receive_event_to_app(self) -> None:
         if self.curr_msg_data_type == "text" and not self.close_sent:
