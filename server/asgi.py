@@ -63,8 +63,9 @@ class HeadTimeout(H11Protocol):
 class WebSockets(WebSocketsSansIOProtocol):
     """uvicorn's WebSocket protocol (websockets' sans-I/O one), but a lost peer's unread messages are dropped, and
     what a client gets wrong is not logged as a server error: a text message that is not UTF-8 is one warning line
-    (uvicorn logs an error with a traceback), and a handshake the app refuses (401) is logged by the app alone (uvicorn would add "ASGI callable returned
-    without completing handshake" as an error, because it does not count a denial response as completing it)."""
+    (uvicorn logs an error with a traceback), and a handshake the app refuses (401) is logged by the app alone
+    (uvicorn would add "ASGI callable returned without completing handshake" as an error, because it does not
+    count a denial response as completing it)."""
 
     def connection_lost(self, exc) -> None:
         """The peer is gone: messages it sent that the app has not taken yet are dropped, so that the app hears
