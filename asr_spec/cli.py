@@ -58,11 +58,16 @@ def _model_options(args: argparse.Namespace):
 
 def _load_models(args: argparse.Namespace):
     """(target, draft or None) from the command's model options, or None after printing the error."""
+    return _load(_model_options(args))
+
+
+def _load(options):
+    """(target, draft or None) as ``options`` (ModelOptions) say, or None after printing the error."""
     from .models.loader import ModelError, load
 
     t0 = time.perf_counter()
     try:
-        target, draft = load(_model_options(args))
+        target, draft = load(options)
     except ModelError as e:
         print(f"error: {e}", file=sys.stderr)
         return None
@@ -85,81 +90,45 @@ def _model_args(p: argparse.ArgumentParser, device_flag: str = "--device", compu
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice; with --ray: per worker, default 1)")
 
 
-def max_batch(args: argparse.Namespace) -> int:
-    """serve's --max-batch: as asked, else 8 streams on a CPU (a batch's cost grows with its rows there) and 32 on
-    CUDA (a pass over 32 rows costs about what one over 1 does)."""
-    return args.max_batch or (32 if (args.torch_device or "").startswith("cuda") else 8)
-
-
-def _serve_threads(args: argparse.Namespace) -> int:
-    """serve's torch threads on a CPU: as asked, else one core fewer than the machine has (at least 1). The cores
-    left serve the event loop, the sockets and the clients; torch's threads wait for each other at every
-    operation, so one of them descheduled stalls them all (2-core Intel Xeon with AMX, 2026-11-25,
-    `python eval/bench_streaming.py --threads 1` vs `--threads 2`: RTF 0.48 vs 0.56 with 1 session, 0.90 vs 0.94
-    with 4; the same latency or better)."""
-    import torch
-
-    if args.threads or (args.torch_device or "").startswith("cuda"):
-        return args.threads
-    return max(1, len(os.sched_getaffinity(0)) - 1) if hasattr(os, "sched_getaffinity") else torch.get_num_threads()
-
-
-def _real_time_sessions(device: str | None) -> int:
-    """The most simultaneous speakers one engine serves at real time with final latency median <= 3 s, as measured
-    with serve's defaults (`python eval/bench_streaming.py --skip-wer --sessions 1,2,4,6,8`; docs/results.md): on a
-    2-core Intel Xeon with AMX (bfloat16), 4 sessions (2026-11-25: final latency median 2.7, 2.7 and 3.2 s in three
-    runs); on a 2-core AMD EPYC without AVX-512 (int8), 2 (2026-11-25: RTF 0.90, final median 3.0 s; 2026-11-26
-    with the streaming encoder: 1 session RTF 0.76, final median 2.2 s, 4 fall behind). So: 2 per core with AMX,
-    else 1 per core. CUDA: 16 (an H100, 2026-11-25)."""
-    from .models.compute import amx
-
-    if (device or "").startswith("cuda"):
-        return 16
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores * (2 if amx() else 1)
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from .server.app import Server
-    from .server.config import ServerConfig, api_keys
-    from .server.files import FileWorker
-    from .streaming.config import EngineConfig
-    from .streaming.engine import Engine
-    from .recognizer import Recognizer
-    from .transcribe import TranscribeOptions, Transcriber
+    from pydantic import ValidationError
+
+    from .server.config import api_keys
+    from .server.settings import from_arguments
 
     try:
-        keys = api_keys(args.api_key, args.api_key_file)
+        settings = from_arguments(args)
+    except ValidationError as e:  # an ASR_SPEC_* variable the settings cannot take
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    try:
+        keys = api_keys(getattr(args, "api_key", None), settings.api_key_file)
     except (OSError, ValueError) as e:
         print(f"error: --api-key-file: {e}", file=sys.stderr)
         return 1
-    args.threads = _serve_threads(args)
-    if (models := _load_models(args)) is None:
-        return 1
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    target, draft = models
-    engine = Engine(Recognizer(target, draft), EngineConfig(max_batch=max_batch(args), max_step_s=args.max_step))
-    # uploads run at the server's compute type (one model in memory)
-    files = FileWorker(Transcriber(target, draft), TranscribeOptions(hotwords=args.hotwords or None),
-                       batch_size=args.file_batch, max_yield_s=args.upload_yield)
-    max_sessions = args.max_sessions or _real_time_sessions(args.torch_device)
-    config = ServerConfig(host=args.host, port=args.port, max_sessions=max_sessions,
-                          max_sessions_per_client=args.max_sessions_per_client, api_keys=keys,
-                          idle_timeout_s=args.idle_timeout, step_s=args.step, commit_policy=args.commit_policy,
-                          hotwords=args.hotwords, drain_s=args.drain_seconds,
-                          max_upload_s=args.max_upload_seconds)
-    if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_keys:
+    if settings.host not in ("127.0.0.1", "localhost", "::1") and not keys:
         print("warning: listening beyond localhost without an API key (ASR_SPEC_API_KEY or --api-key-file)",
               file=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if settings.ray is not None:
+        from .server.ray_serve import serve_on_ray
+
+        return serve_on_ray(settings, keys)
+    from .server.app import Server
+
+    if (models := _load(settings.model_options())) is None:
+        return 1
+    target, draft = models
+    server = Server.build(settings, keys, target, draft)
     try:  # SIGINT/SIGTERM: sessions' buffered audio is decoded (--drain-seconds), they are closed with 1001
-        asyncio.run(Server(engine, config, files).serve_forever(handle_signals=True))
+        asyncio.run(server.serve_forever(handle_signals=True))
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers are in place
         pass
     except OSError as e:
-        print(f"error: cannot listen on {config.host}:{config.port}: {e.strerror or e}", file=sys.stderr)
+        print(f"error: cannot listen on {settings.host}:{settings.port}: {e.strerror or e}", file=sys.stderr)
         return 1
     return 0
 
@@ -500,43 +469,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "window's audio rounded up to 1 s (faster on short files; slightly different text, see README)")
     t.set_defaults(func=cmd_transcribe)
 
-    v = sub.add_parser("serve", help="streaming transcription over WebSockets (docs/protocol.md)")
-    v.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: localhost only)")
-    v.add_argument("--port", type=int, default=8765)
-    v.add_argument("--max-sessions", type=int, default=0,
-                   help="more simultaneous sessions are refused (default: what the device serves in real time with "
-                   "final latency <= 3 s, as measured: 2 per CPU core with AMX, else 1 per core; 16 on CUDA)")
-    v.add_argument("--max-sessions-per-client", type=int, default=0,
-                   help="sessions one client may hold, per address and per key (default: half of --max-sessions)")
-    v.add_argument("--api-key-file", help="require one of the bearer tokens in this file (one per line; several "
-                   "keys: several clients, each with its own session limit)")
-    v.add_argument("--api-key", help="require this bearer token (visible to local users in ps: prefer the "
-                   "ASR_SPEC_API_KEY environment variable or --api-key-file)")
-    v.add_argument("--drain-seconds", type=float, default=5.0,
-                   help="on SIGTERM/SIGINT, decode what open sessions hold for up to this long before closing them")
-    v.add_argument("--max-upload-seconds", type=float, default=3600.0,
-                   help="longest audio accepted by /v1/audio/* (checked from the file's header; 413 beyond)")
-    v.add_argument("--step", type=float, default=STEP_S,
-                   help="re-decode a stream after this many seconds of new audio (default 0.5; longer under load, "
-                   "see --max-step)")
-    v.add_argument("--max-step", type=float, default=MAX_STEP_S,
-                   help="let the step grow with the load up to this many seconds (the engine's recent step time / "
-                   "0.7; default 3; 0: a fixed step)")
-    v.add_argument("--commit-policy", choices=POLICIES, default=POLICIES[0],
-                   help="what a re-decode commits: alignatt (default: after one decode, the words the audio already "
-                   "supports and the model is sure of) or local-agreement (what two decodes in a row agree on: "
-                   "slower, and a worse WER at the same step)")
-    v.add_argument("--hotwords", default="", help="words to favour (names, terms) in every session's prompt and "
-                   "every upload's (faster-whisper's hotwords); a session's start message may name its own")
-    v.add_argument("--max-batch", type=int, default=0,
-                   help="most streams decoded in one batch (default 8 on a CPU, 32 on CUDA)")
-    v.add_argument("--file-batch", type=int, default=4,
-                   help="uploads to /v1/audio/* decoded together (same options, waiting at the same time)")
-    v.add_argument("--upload-yield", type=float, default=5.0,
-                   help="uploads wait up to this many seconds at each window step while live streams are due "
-                        "(0: uploads and streams share the CPU equally)")
-    v.add_argument("--idle-timeout", type=float, default=60.0, help="close sessions silent for this many seconds")
-    _model_args(v, compute_type="auto")  # live sessions: latency first
+    v = sub.add_parser("serve", help="streaming transcription over WebSockets (docs/protocol.md)",
+                       description="Every option can also be set by the ASR_SPEC_* environment variable named in "
+                       "its help (the option wins); docs/deploy.md")
+    from .server.settings import add_arguments
+
+    add_arguments(v)
     v.set_defaults(func=cmd_serve)
 
     m = sub.add_parser("mic", help="live microphone transcription in the terminal")

@@ -101,7 +101,7 @@ def realtime(url: str, data: bytes, log: Log, t0: float) -> None:
 
 def run(protocol: str, tr: Transcriber, target, draft, audios: list[np.ndarray], step: float) -> dict:
     """N sessions of one protocol on a fresh server: their logs, engine busy time, wall time."""
-    engine = serve_engine(target, draft, SERVE.max_batch)
+    engine = serve_engine(target, draft, SERVE.batch(), SERVE.max_step)
     config = ServerConfig(port=0, max_sessions=len(audios) + 1, max_sessions_per_client=len(audios) + 1, step_s=step,
                           commit_policy=SERVE.commit_policy)
     server, ready = Server(engine, config), threading.Event()

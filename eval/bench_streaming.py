@@ -51,13 +51,13 @@ from whisper_normalizer.english import EnglishTextNormalizer
 from asr_spec import streaming
 from asr_spec.alignment import Word
 from asr_spec.audio import load_audio
-from asr_spec.cli import build_parser, max_batch
 from asr_spec.clients.stream import stream_file
 from asr_spec.evaluation.provenance import provenance
 from asr_spec.models.loader import ModelOptions, load
 from asr_spec.recognizer import Recognizer
 from asr_spec.server.app import Server
 from asr_spec.server.config import ServerConfig
+from asr_spec.server.settings import ServeSettings
 from asr_spec.streaming.config import EngineConfig
 from asr_spec.streaming.encoding import WINDOWS
 from asr_spec.streaming.engine import Engine, stream_audio
@@ -66,7 +66,7 @@ from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 ROOT = Path(__file__).resolve().parents[1]
 DEV = ROOT.parent / "shared" / "data" / "dev"
-SERVE = build_parser().parse_args(["serve"])  # serve's own defaults
+SERVE = ServeSettings()  # serve's own settings (its defaults, or ASR_SPEC_* as serve would read them)
 MAX_FINAL_LATENCY_S = 3.0  # the capacity bar: real time with final latency median at most this
 normalize = EnglishTextNormalizer()
 Log = list[tuple[float, dict]]  # (seconds since the session started, event)
@@ -331,9 +331,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--step", type=float, default=SERVE.step, help=f"as serve's --step (default {SERVE.step}, serve's)")
     ap.add_argument("--max-step", type=float, default=SERVE.max_step,
                     help=f"as serve's --max-step (default {SERVE.max_step}, serve's)")
-    policy = getattr(SERVE, "commit_policy", None)
-    ap.add_argument("--policy", default=policy, choices=getattr(streaming, "POLICIES", None),
-                    help=f"as serve's --commit-policy (default {policy}, serve's)")
+    ap.add_argument("--policy", default=SERVE.commit_policy, choices=streaming.POLICIES,
+                    help=f"as serve's --commit-policy (default {SERVE.commit_policy}, serve's)")
     ap.add_argument("--limit", type=int, default=0, help="dev utterances for the WER part (0 = all)")
     ap.add_argument("--skip-wer", action="store_true")
     ap.add_argument("--compare-hints", action="store_true",
@@ -412,7 +411,7 @@ def report(results: dict, args: argparse.Namespace) -> str:
 
 def main() -> None:
     args = parse_args()
-    serve = build_parser().parse_args(["serve", "--device", args.device])  # serve's defaults on that device
+    serve = SERVE.model_copy(update={"device": args.device})  # serve's defaults on that device
     torch.set_num_threads(args.threads)
     # serve's model and draft defaults
     target, draft = load(ModelOptions(device=args.device, compute_type=args.compute_type))
@@ -425,7 +424,7 @@ def main() -> None:
         results |= wer_part(tr, items, args)
     results["capacity"] = []
     for n in (int(x) for x in args.sessions.split(",") if x):
-        row = capacity(tr, serve_engine(target, draft, max_batch(serve), args.max_step), items, n, args.seconds,
+        row = capacity(tr, serve_engine(target, draft, serve.batch(), args.max_step), items, n, args.seconds,
                        args.step, args.policy)
         print(row, flush=True)
         results["capacity"].append(row)

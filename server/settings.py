@@ -1,0 +1,163 @@
+"""``asr_spec serve``'s settings in one object: every option, its default, its ``ASR_SPEC_*`` environment variable
+and the defaults that depend on the hardware. The CLI's serve options are generated from it (an option given on the
+command line wins over the environment, which wins over the default); the Ray Serve deployment (ray_serve.py) and the
+benchmarks (eval/bench_streaming.py) build their servers from it too."""
+from __future__ import annotations
+
+import argparse
+import os
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ..models import EMBEDDED
+from ..models.compute import COMPUTE_TYPES, amx
+from ..streaming import MAX_STEP_S, POLICIES, STEP_S
+
+if TYPE_CHECKING:  # imported where used: the CLI builds serve's options from this module at every start
+    from ..models.loader import ModelOptions
+    from .config import ServerConfig
+
+ENV_PREFIX = "ASR_SPEC_"
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+class ServeSettings(BaseSettings):
+    """0 means "the hardware's default" for max_sessions, max_batch and threads (see the methods below)."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
+
+    host: str = Field("127.0.0.1", description="interface to listen on (default: localhost only)")
+    port: int = Field(8765, ge=0, le=65535, description="port to listen on")
+    max_sessions: int = Field(0, ge=0, description=(
+        "more simultaneous sessions are refused (0: what the device serves in real time with final latency <= 3 s, "
+        "as measured: 2 per CPU core with AMX, else 1 per core; 16 on CUDA)"))
+    max_sessions_per_client: int = Field(0, ge=0, description=(
+        "sessions one client may hold, per address and per key (0: half of --max-sessions)"))
+    api_key_file: str | None = Field(None, description=(
+        "require one of the bearer tokens in this file (one per line; several keys: several clients, each with "
+        "its own session limit); a single key can come from ASR_SPEC_API_KEY instead"))
+    drain_seconds: float = Field(5.0, ge=0, description=(
+        "on SIGTERM/SIGINT, decode what open sessions hold for up to this long before closing them"))
+    max_upload_seconds: float = Field(3600.0, gt=0, description=(
+        "longest audio accepted by /v1/audio/* (checked from the file's header; 413 beyond)"))
+    step: float = Field(STEP_S, gt=0, description=(
+        "re-decode a stream after this many seconds of new audio (longer under load, see --max-step)"))
+    max_step: float = Field(MAX_STEP_S, ge=0, description=(
+        "let the step grow with the load up to this many seconds (the engine's recent step time / 0.7; 0: a fixed "
+        "step)"))
+    commit_policy: Literal[POLICIES] = Field(POLICIES[0], description=(
+        "what a re-decode commits: alignatt (after one decode, the words the audio already supports and the model "
+        "is sure of) or local-agreement (what two decodes in a row agree on: slower, and a worse WER at the same "
+        "step)"))
+    hotwords: str = Field("", description=(
+        "words to favour (names, terms) in every session's prompt and every upload's (faster-whisper's hotwords); "
+        "a session's start message may name its own"))
+    max_batch: int = Field(0, ge=0, description="most streams decoded in one batch (0: 8 on a CPU, 32 on CUDA)")
+    file_batch: int = Field(4, ge=1, description=(
+        "uploads to /v1/audio/* decoded together (same options, waiting at the same time)"))
+    upload_yield: float = Field(5.0, ge=0, description=(
+        "uploads wait up to this many seconds at each window step while live streams are due (0: uploads and "
+        "streams share the CPU equally)"))
+    idle_timeout: float = Field(60.0, gt=0, description="close sessions silent for this many seconds")
+    model: str = Field(EMBEDDED, description="target: whisper-base (embedded), a local directory or a Hugging Face id")
+    draft: str = Field("auto", description=(
+        "draft: 'auto' (the one shipped for the target), a directory or id (asr_spec distill output) or "
+        "layers:I,J (untrained copy)"))
+    no_draft: bool = Field(False, description="target-only decoding (the baseline)")
+    device: str = Field("cpu", description="torch device (cpu, cuda, ...)")
+    compute_type: Literal[COMPUTE_TYPES] = Field("auto", description=(
+        "precision of the whole model, CTranslate2's names (auto: int8 on a CPU, float16 on CUDA; live sessions "
+        "put latency first); each type gives slightly different text, speculation is exact at every type"))
+    threads: int = Field(0, ge=0, description=(
+        "torch CPU threads (0: one core fewer than the machine has, at least 1; torch's choice on CUDA)"))
+    ray: str | None = Field(None, description=(
+        "serve on Ray Serve (pip install 'asr_spec[ray]'): ADDRESS such as HOST:6379, or nothing for the cluster "
+        "RAY_ADDRESS names or one started here with 'ray start', else a new local one (docs/deploy.md)"))
+    replicas: int = Field(1, ge=1, description="with --ray: replicas, each with its own model and engine")
+    min_replicas: int = Field(0, ge=0, description=(
+        "with --ray: autoscale on active sessions between --min-replicas and --max-replicas (both needed)"))
+    max_replicas: int = Field(0, ge=0, description="with --ray: the most replicas autoscaling starts")
+    metrics_port: int = Field(0, ge=0, le=65535, description=(
+        "with --ray: replica R also serves its Prometheus metrics at http://HOST:(PORT+R)/metrics (0: off; "
+        "/metrics through Ray's proxy answers from whichever replica it reaches)"))
+
+    # --- the defaults that depend on the hardware -------------------------------------------------------------
+    @property
+    def cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def sessions(self) -> int:
+        """max_sessions, else the most simultaneous speakers one engine serves at real time with final latency
+        median <= 3 s, as measured with serve's defaults (`python eval/bench_streaming.py --skip-wer --sessions
+        1,2,4,6,8`; docs/results.md): on a 2-core Intel Xeon with AMX (bfloat16), 4 sessions (2026-11-25: final
+        latency median 2.7, 2.7 and 3.2 s in three runs); on a 2-core AMD EPYC without AVX-512 (int8), 2 (2026-11-25:
+        RTF 0.90, final median 3.0 s; 2026-11-26 with the streaming encoder: 1 session RTF 0.76, final median 2.2 s,
+        4 fall behind). So: 2 per core with AMX, else 1 per core. CUDA: 16 (an H100, 2026-11-25)."""
+        if self.max_sessions:
+            return self.max_sessions
+        return 16 if self.cuda else _cores() * (2 if amx() else 1)
+
+    def torch_threads(self) -> int:
+        """threads, else on a CPU one core fewer than the machine has (at least 1): the cores left serve the event
+        loop, the sockets and the clients; torch's threads wait for each other at every operation, so one of them
+        descheduled stalls them all (2-core Intel Xeon with AMX, 2026-11-25, `python eval/bench_streaming.py
+        --threads 1` vs `--threads 2`: RTF 0.48 vs 0.56 with 1 session, 0.90 vs 0.94 with 4; the same latency or
+        better). 0 (torch's choice) on CUDA."""
+        if self.threads or self.cuda:
+            return self.threads
+        return max(1, _cores() - 1)
+
+    def batch(self) -> int:
+        """max_batch, else 8 streams on a CPU (a batch's cost grows with its rows there) and 32 on CUDA (a pass over
+        32 rows costs about what one over 1 does)."""
+        return self.max_batch or (32 if self.cuda else 8)
+
+    # --- what the server is built from ----------------------------------------------------------------------
+    def model_options(self) -> ModelOptions:
+        from ..models.loader import ModelOptions
+
+        return ModelOptions(self.model, None if self.no_draft else self.draft, self.device, self.compute_type,
+                            self.torch_threads())
+
+    def server_config(self, api_keys: tuple[str, ...]) -> ServerConfig:
+        from .config import ServerConfig
+
+        return ServerConfig(host=self.host, port=self.port, max_sessions=self.sessions(),
+                            max_sessions_per_client=self.max_sessions_per_client, api_keys=api_keys,
+                            idle_timeout_s=self.idle_timeout, step_s=self.step, commit_policy=self.commit_policy,
+                            hotwords=self.hotwords, drain_s=self.drain_seconds, max_upload_s=self.max_upload_seconds)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """serve's options, one per setting: ``--max-sessions`` is ``max_sessions``, its environment variable
+    ``ASR_SPEC_MAX_SESSIONS``. Options not given stay out of the namespace (the settings' environment and defaults
+    apply); ``--api-key`` is the command line's alone."""
+    for name, field in ServeSettings.model_fields.items():
+        flag, env = "--" + name.replace("_", "-"), ENV_PREFIX + name.upper()
+        default = "" if field.default in (None, "", 0, False) else f"; default {field.default}"
+        kw: dict = {"default": argparse.SUPPRESS, "help": f"{field.description} [{env}{default}]"}
+        if field.annotation is bool:
+            kw["action"] = "store_true"
+        elif name == "ray":
+            kw.update(nargs="?", const="local", metavar="ADDRESS")
+        elif name == "compute_type":
+            kw.update(choices=COMPUTE_TYPES, metavar="TYPE")
+        elif name == "commit_policy":
+            kw["choices"] = POLICIES
+        else:
+            kw["type"] = field.annotation if field.annotation in (int, float) else str
+        parser.add_argument(flag, **kw)
+    parser.add_argument("--api-key", default=argparse.SUPPRESS, help=(
+        "require this bearer token (visible to local users in ps: prefer the ASR_SPEC_API_KEY environment variable "
+        "or --api-key-file)"))
+
+
+def from_arguments(args: argparse.Namespace) -> ServeSettings:
+    """The settings: the options given on the command line over ``ASR_SPEC_*`` over the defaults (a bad
+    environment value raises pydantic's ValidationError)."""
+    return ServeSettings(**{k: v for k, v in vars(args).items() if k in ServeSettings.model_fields})
