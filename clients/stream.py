@@ -11,6 +11,7 @@ import numpy as np
 
 from ..audio import SAMPLE_RATE
 
+CLOSE_WAIT_S = 180.0  # after close, the server's last events (it gives up on a flush after 120 s)
 FRAME_S = 0.1
 SEND_BUFFER_BYTES = 64 * 1024  # about 2 s of 16 kHz 16-bit audio queued in the kernel at most
 
@@ -59,7 +60,7 @@ def stream_file(url: str, audio: np.ndarray, speed: float | None, on_event=lambd
                 time.sleep(wait)
             ws.send((np.clip(audio[i:i + frame], -1, 1) * 32767).astype("<i2").tobytes())
         ws.send(json.dumps({"type": "close"}))
-        reader.join()
+        reader.join(CLOSE_WAIT_S)  # leaving the block closes the connection: a reader still waiting ends then
     if ended and not isinstance(ended[0], ConnectionClosed):
         raise ended[0]
     if not any(e["type"] == "closed" for e in events):

@@ -17,7 +17,7 @@ from ..streaming.events import Event
 from .config import match_key
 from .protocol import ProtocolError
 from .realtime_events import (UPDATES, RealtimeAudio, RealtimeError, Settings, appended_audio, base64_audio,
-                              error_event, item, parse_event, parse_update)
+                              error_event, ignored_fields, item, parse_event, parse_update)
 from .session import Message, StreamSession
 
 KEY_PROTOCOL = "openai-insecure-api-key."  # browsers: the key as a WebSocket subprotocol
@@ -197,6 +197,13 @@ class RealtimeSession(StreamSession):
             self.decoder = self.decoder or RealtimeAudio(new)
             self.emit("transcription_session.updated" if event["type"] == "transcription_session.update"
                       else "session.updated", session=self.session_object())
+            ignored = ignored_fields(event)
+            if new.delay and self.config.commit_policy != "alignatt":
+                ignored.append(("session.audio.input.transcription.delay", f"it sets AlignAtt's margins, and this "
+                                f"server commits by {self.config.commit_policy}"))
+            for param, why in ignored:
+                self.emit("warning", warning={"code": "ignored_parameter", "param": param,
+                                              "message": f"{param} is accepted but has no effect: {why}"})
 
     async def _commit(self) -> None:
         engine, pending = self.server.engine, self.flushes_delivered < self.commit_flush

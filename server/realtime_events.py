@@ -16,11 +16,23 @@ CLIENT_EVENTS = (*UPDATES, "input_audio_buffer.append", "input_audio_buffer.comm
 LOGPROBS = "item.input_audio_transcription.logprobs"
 FORMATS = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_alaw"}  # GA type -> beta name
 SERVER_ERRORS = ("server_full", "shutting_down", "decode_failed", "flush_timeout")  # the rest are the client's
-# OpenAI's fields that do not apply here: accepted and ignored
+# OpenAI's fields that do not apply here: accepted, and each named in a ``warning`` event (why, by field)
 IGNORED = {"session": {"id", "object", "expires_at", "client_secret", "modalities"},
-           "transcription": {"delay"},
            "turn_detection": {"create_response", "interrupt_response", "idle_timeout_ms", "eagerness"},
            "noise_reduction": {"strength"}}
+WHY_IGNORED = {"session": "the server sets it (a transcription session has text output only and no expiry)",
+               "create_response": "a transcription session creates no responses",
+               "interrupt_response": "a transcription session creates no responses",
+               "idle_timeout_ms": "the server's idle timeout applies (serve --idle-timeout)",
+               "eagerness": "semantic_vad's setting; server_vad ends turns after silence_duration_ms",
+               "noise_reduction": "no noise filter is applied (Whisper is trained on noisy audio)"}
+# transcription.delay: how long AlignAtt waits before it commits a word (streaming/policy.py), as (margin after a word
+# the model is sure of, the probability that counts as sure, margin after any other word); medium is the server's.
+# Measured on the dev set: docs/realtime.md, "delay" (python eval/bench_delay.py)
+DELAYS = {"minimal": (0.3, 0.6, 1.5), "low": (0.4, 0.7, 2.0),
+          "medium": (StreamConfig.alignatt_margin_s, StreamConfig.alignatt_min_probability,
+                     StreamConfig.alignatt_unsure_margin_s),
+          "high": (1.0, 0.9, 4.0), "xhigh": (2.0, 0.95, 6.0)}
 
 
 class RealtimeError(ProtocolError):
@@ -58,6 +70,7 @@ class Settings:
     vad: Vad | None = Vad()  # None: turns end at input_audio_buffer.commit only
     noise_reduction: str | None = None
     logprobs: bool = False
+    delay: str | None = None  # one of DELAYS (None: the server's commit policy as it is)
 
     @property
     def bytes_per_second(self) -> int:
@@ -67,16 +80,21 @@ class Settings:
     def stream(self, step_s: float, policy: str, hotwords: str = "") -> StreamConfig:
         """The engine stream these settings ask for (``hotwords``: the server's, where the session names no keywords)."""
         vad = self.vad or Vad()
-        return StreamConfig(language=self.language, languages=self.languages, interim=True, step_s=step_s, vad=self.vad is not None,
-                            vad_threshold=vad.threshold, preroll_s=vad.prefix_padding_ms / 1000,
-                            end_silence_s=vad.silence_duration_ms / 1000, policy=policy, prompt=self.prompt,
-                            hotwords=", ".join(self.keywords) if self.keywords else hotwords)
+        margin, sure, unsure_margin = DELAYS[self.delay or "medium"]
+        return StreamConfig(language=self.language, languages=self.languages, interim=True, step_s=step_s,
+                            vad=self.vad is not None, vad_threshold=vad.threshold,
+                            preroll_s=vad.prefix_padding_ms / 1000, end_silence_s=vad.silence_duration_ms / 1000,
+                            policy=policy, prompt=self.prompt,
+                            hotwords=", ".join(self.keywords) if self.keywords else hotwords,
+                            alignatt_margin_s=margin, alignatt_min_probability=sure,
+                            alignatt_unsure_margin_s=unsure_margin)
 
     def as_dict(self, beta: bool) -> dict:
         """The session object of ``session.created``/``.updated`` (beta: ``transcription_session.*``)."""
         transcription = {"model": self.model, "language": self.language, "prompt": self.prompt,
                          **({"keywords": list(self.keywords)} if self.keywords else {}),
-                         **({"languages": list(self.languages)} if self.languages else {})}
+                         **({"languages": list(self.languages)} if self.languages else {}),
+                         **({"delay": self.delay} if self.delay else {})}
         vad = None if self.vad is None else {"type": "server_vad", **self.vad.__dict__}
         noise = None if self.noise_reduction is None else {"type": self.noise_reduction}
         include = [LOGPROBS] if self.logprobs else []
@@ -205,13 +223,14 @@ def parse_update(event: dict, current: Settings, languages: set[str] | None) -> 
         new = replace(new, format=kind, rate=rate)
     if (tr := audio_in.get("transcription")) is not None:
         path = "session.audio.input.transcription"
-        _fields(tr, path, {"model", "language", "prompt", "keywords", "languages"})
+        _fields(tr, path, {"model", "language", "prompt", "keywords", "languages", "delay"})
         language = _string(tr, "language", path, new.language, nullable=True) or None
         if language is not None and languages is not None and language not in languages:
             raise RealtimeError("invalid_value", f"unknown language {echo(language)}", f"{path}.language")
         new = replace(new, model=_string(tr, "model", path, new.model, nullable=True) or new.model, language=language,
                       prompt=_string(tr, "prompt", path, new.prompt, nullable=True) or "",
-                      keywords=_keywords(tr, path, new.keywords), languages=_languages(tr, path, new.languages, languages))
+                      keywords=_keywords(tr, path, new.keywords), languages=_languages(tr, path, new.languages, languages),
+                      delay=_string(tr, "delay", path, new.delay, list(DELAYS), nullable=True))
     if "turn_detection" in audio_in:
         new = replace(new, vad=_vad(audio_in["turn_detection"], new.vad))
     if "noise_reduction" in audio_in:
@@ -219,6 +238,21 @@ def parse_update(event: dict, current: Settings, languages: set[str] | None) -> 
         new = replace(new, noise_reduction=None if noise is None else _string(
             _fields(noise, path, {"type"}), "type", path, "near_field", ["near_field", "far_field"]))
     return new
+
+
+def ignored_fields(event: dict) -> list[tuple[str, str]]:
+    """The fields of a valid update that are accepted but change nothing here, as (path, why): each gets a
+    ``warning`` event. Paths are the GA layout's, for beta updates too."""
+    session = event["session"]
+    found = [(f"session.{k}", WHY_IGNORED["session"]) for k in sorted(IGNORED["session"] & set(session))]
+    ga = _beta_as_ga(session) if event["type"] == "transcription_session.update" else session
+    audio_in = ga.get("audio", {}).get("input", {})
+    if isinstance(td := audio_in.get("turn_detection"), dict):
+        found += [(f"session.audio.input.turn_detection.{k}", WHY_IGNORED[k])
+                  for k in sorted(IGNORED["turn_detection"] & set(td))]
+    if isinstance(audio_in.get("noise_reduction"), dict):
+        found.append(("session.audio.input.noise_reduction", WHY_IGNORED["noise_reduction"]))
+    return found
 
 
 def _vad(td, current: Vad | None) -> Vad | None:

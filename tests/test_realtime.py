@@ -327,3 +327,32 @@ def test_keywords_fix_a_misheard_name_and_logprobs_come_with_the_transcript(serv
         assert "".join(t["token"] for t in tokens).strip() == done["transcript"], tokens
         assert all(t["logprob"] <= 0 and bytes(t["bytes"]) == t["token"].encode() for t in tokens)
         assert min(t["logprob"] for t in tokens) > -20
+
+
+def test_delay_is_applied_and_ignored_fields_get_warnings(server):
+    """With the openai SDK: ``transcription.delay`` is reported back and the turn still completes; fields accepted
+    without effect (turn_detection's eagerness and create_response, noise_reduction) each get a ``warning`` event
+    naming the field, after ``session.updated``; the session goes on (no error)."""
+    async def run() -> tuple[list[dict], dict]:
+        seen: list[dict] = []
+        session = ga_session(turn_detection={**NATIVE_VAD, "eagerness": "low", "create_response": False},
+                             noise_reduction={"type": "near_field"})
+        session["audio"]["input"]["transcription"]["delay"] = "high"
+        async with client(server.port).realtime.connect(extra_query={"intent": "transcription"}) as conn:
+            await conn.session.update(session=session)
+            updated = await until(conn, seen, "session.updated", 10)
+            await conn.input_audio_buffer.append(audio=b64(pcm24(load_audio(JFK), silence_s=1.5)))
+            done = await until(conn, seen, COMPLETED)
+        return seen, {"updated": updated, "done": done}
+
+    seen, got = asyncio.run(run())
+    assert got["updated"]["session"]["audio"]["input"]["transcription"]["delay"] == "high"
+    assert "ask not what your country" in normalize(got["done"]["transcript"])
+    warnings = [e for e in seen if e["type"] == "warning"]
+    assert [w["warning"]["param"] for w in warnings] == [
+        "session.audio.input.turn_detection.create_response", "session.audio.input.turn_detection.eagerness",
+        "session.audio.input.noise_reduction"], warnings
+    assert all(w["warning"]["code"] == "ignored_parameter" and "no effect" in w["warning"]["message"]
+               for w in warnings)
+    kinds = [e["type"] for e in seen]
+    assert kinds.index("session.updated") < kinds.index("warning") and "error" not in kinds

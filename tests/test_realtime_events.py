@@ -181,3 +181,36 @@ def test_audio_formats_decode_to_16_khz():
     assert np.array_equal(G711["audio/pcma"], np.frombuffer(audioop.alaw2lin(codes, 2), "<i2"))
     ulaw = RealtimeAudio(Settings(format="audio/pcmu", rate=8000))(audioop.lin2ulaw(pcm[:8000].tobytes(), 2))
     assert 14000 < len(ulaw) <= 16000  # 8 kHz -> 16 kHz (the resampler holds back its last few ms)
+
+
+def test_delay_levels_set_alignatts_margins_and_ignored_fields_are_named():
+    """``transcription.delay`` picks AlignAtt's margins (medium: the server's own); an unknown level is refused
+    naming the field. The fields accepted without effect are listed for warning events, GA and beta alike."""
+    from asr_spec.server.realtime_events import DELAYS, ignored_fields
+    from asr_spec.streaming.config import StreamConfig
+
+    s = update({"type": "transcription", "audio": {"input": {"transcription": {"delay": "xhigh"}}}})
+    config = s.stream(0.5, "alignatt")
+    assert (config.alignatt_margin_s, config.alignatt_min_probability, config.alignatt_unsure_margin_s) == \
+        DELAYS["xhigh"]
+    assert s.as_dict(beta=False)["audio"]["input"]["transcription"]["delay"] == "xhigh"
+    medium = update({"type": "transcription", "audio": {"input": {"transcription": {"delay": "medium"}}}})
+    assert medium.stream(0.5, "alignatt") == Settings().stream(0.5, "alignatt")  # medium: the server's own margins
+    default = StreamConfig()
+    assert DELAYS["medium"] == (default.alignatt_margin_s, default.alignatt_min_probability,
+                                default.alignatt_unsure_margin_s)
+    margins = [DELAYS[k][0] for k in ("minimal", "low", "medium", "high", "xhigh")]
+    assert margins == sorted(margins) and len(set(margins)) == 5
+    refused({"type": "transcription", "audio": {"input": {"transcription": {"delay": "fast"}}}},
+            "session.audio.input.transcription.delay")
+    event = {"type": "session.update", "session": {"type": "transcription", "expires_at": 0, "audio": {"input": {
+        "turn_detection": {"type": "server_vad", "eagerness": "low", "create_response": False},
+        "noise_reduction": {"type": "near_field"}}}}}
+    assert [p for p, _ in ignored_fields(event)] == [
+        "session.expires_at", "session.audio.input.turn_detection.create_response",
+        "session.audio.input.turn_detection.eagerness", "session.audio.input.noise_reduction"]
+    beta = {"type": "transcription_session.update", "session": {"modalities": ["text"], "turn_detection": {
+        "type": "server_vad", "interrupt_response": True}, "input_audio_noise_reduction": None}}
+    assert [p for p, _ in ignored_fields(beta)] == ["session.modalities",
+                                                    "session.audio.input.turn_detection.interrupt_response"]
+    assert ignored_fields({"type": "session.update", "session": {"type": "transcription"}}) == []

@@ -1,0 +1,99 @@
+"""What the OpenAI Realtime ``delay`` levels cost and buy: the dev set streamed through the engine at each level
+(server/realtime_events.py ``DELAYS``: AlignAtt's margins), as serve streams it (its compute type, step and draft,
+a fixed step so that the text does not depend on the machine's speed), 0.5 s of audio at a time with instant
+decoding. For each level: WER against the references, and the commit lag of the finals that come while audio still
+arrives (how much audio had arrived after a final's own audio ended when it was sent: the latency a client sees on
+top of the decoding time).
+
+    python eval/bench_delay.py --threads 2          # eval/results/realtime-delay.{json,md}
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+from bench_streaming import DEV, ROOT, SERVE, wer_pair
+
+from asr_spec.audio import load_audio
+from asr_spec.evaluation.provenance import provenance
+from asr_spec.models.loader import ModelOptions, load
+from asr_spec.recognizer import Recognizer
+from asr_spec.server.realtime_events import DELAYS, Settings
+from asr_spec.streaming.config import EngineConfig
+from asr_spec.streaming.engine import Engine
+
+CHUNK_S = 0.5
+
+
+def stream(engine: Engine, audio, config) -> tuple[str, list[float]]:
+    """The stream's text and each final's commit lag (seconds of audio fed after the final's end when it came)."""
+    sid, text, lags, step = engine.open(config), "", [], int(CHUNK_S * 16000)
+    try:
+        for start in range(0, len(audio), step):
+            engine.feed(sid, audio[start:start + step])
+            fed = min(len(audio), start + step) / 16000
+            while engine.poll():
+                for e in engine.step().get(sid, []):
+                    if e.type == "final" and e.text:
+                        text += e.join + e.text
+                        lags.append(fed - e.end)
+        engine.flush(sid, close=True)
+        while engine.poll():
+            text += "".join(e.join + e.text for e in engine.step().get(sid, []) if e.type == "final")
+    finally:
+        engine.close(sid)
+    return text, lags
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--limit", type=int, default=0, help="dev utterances (0: all)")
+    ap.add_argument("--out", default=str(ROOT / "eval" / "results" / "realtime-delay"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    target, draft = load(ModelOptions(compute_type=SERVE.compute_type))
+    items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
+    items = items[: args.limit] if args.limit else items
+    audios = [load_audio(DEV / it["audio"]) for it in items]
+    results = {"provenance": provenance(args.threads), "compute_type": target.precision.name, "step_s": SERVE.step,
+               "policy": "alignatt", "utterances": len(items), "levels": {}}
+    for level, (margin, sure, unsure) in DELAYS.items():
+        engine = Engine(Recognizer(target, draft), EngineConfig(max_batch=SERVE.batch(), max_step_s=0.0))
+        config = Settings(language="en", delay=level).stream(SERVE.step, "alignatt")
+        texts, lags = [], []
+        for audio in audios:
+            text, lag = stream(engine, audio, config)
+            texts.append(text)
+            lags += lag
+        lags.sort()
+        row = {"margin_s": margin, "sure_probability": sure, "unsure_margin_s": unsure,
+               "wer": round(100 * wer_pair([it["text"] for it in items], texts), 2),
+               "finals_before_the_end": len(lags),
+               "commit_lag_median_s": round(statistics.median(lags), 2) if lags else None,
+               "commit_lag_p90_s": round(lags[int(0.9 * (len(lags) - 1))], 2) if lags else None,
+               "engine_busy_s": round(engine.busy_s, 1)}
+        results["levels"][level] = row
+        print(level, row, flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    p = results["provenance"]
+    lines = [f"Realtime `delay` levels: {len(items)} dev utterances streamed at serve's settings ({results['compute_type']}, "
+             f"step {SERVE.step} s fixed, AlignAtt), {p['machine']}, {args.threads} threads, {p['date'][:10]}; "
+             f"`{p['command']}`", "",
+             "| delay | margin s (sure / other words) | sure if p >= | WER % | finals before the end | commit lag median / "
+             "p90 s | engine busy s |", "|---|---|---|---|---|---|---|"]
+    for level, r in results["levels"].items():
+        lines.append(f"| {level} | {r['margin_s']} / {r['unsure_margin_s']} | {r['sure_probability']} | {r['wer']} | "
+                     f"{r['finals_before_the_end']} | {r['commit_lag_median_s']} / {r['commit_lag_p90_s']} | "
+                     f"{r['engine_busy_s']} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}.json and .md")
+
+
+if __name__ == "__main__":
+    main()
