@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .models.compute import COMPUTE_TYPES
-from .streaming import MAX_STEP_S, POLICIES, STEP_S
+from .streaming import POLICIES
 
 DEFAULT_DRAFT = "auto"  # the draft shipped for the target (asr_spec/drafts/), else none
 SAMPLE = Path(__file__).parent / "samples" / "jfk.flac"

@@ -1,9 +1,9 @@
 """What the OpenAI Realtime ``delay`` levels cost and buy: the dev set streamed through the engine at each level
 (server/realtime_events.py ``DELAYS``: AlignAtt's margins), as serve streams it (its compute type, step and draft,
 a fixed step so that the text does not depend on the machine's speed), 0.5 s of audio at a time with instant
-decoding. For each level: WER against the references, and the commit lag of the finals that come while audio still
-arrives (how much audio had arrived after a final's own audio ended when it was sent: the latency a client sees on
-top of the decoding time).
+decoding. For each level: WER against the references, and the commit lag of the words that finals bring while audio
+still arrives (how much audio had arrived after a word's end, by Whisper's word alignment, when its final was sent:
+the latency a client sees on top of the decoding time).
 
     python eval/bench_delay.py --threads 2          # eval/results/realtime-delay.{json,md}
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -29,7 +30,8 @@ CHUNK_S = 0.5
 
 
 def stream(engine: Engine, audio, config) -> tuple[str, list[float]]:
-    """The stream's text and each final's commit lag (seconds of audio fed after the final's end when it came)."""
+    """The stream's text and each committed word's lag (seconds of audio fed after the word's end when its final
+    came), for the finals that came before the close."""
     sid, text, lags, step = engine.open(config), "", [], int(CHUNK_S * 16000)
     try:
         for start in range(0, len(audio), step):
@@ -39,7 +41,7 @@ def stream(engine: Engine, audio, config) -> tuple[str, list[float]]:
                 for e in engine.step().get(sid, []):
                     if e.type == "final" and e.text:
                         text += e.join + e.text
-                        lags.append(fed - e.end)
+                        lags += [fed - w.end for w in e.words or []]
         engine.flush(sid, close=True)
         while engine.poll():
             text += "".join(e.join + e.text for e in engine.step().get(sid, []) if e.type == "final")
@@ -63,7 +65,7 @@ def main() -> None:
                "policy": "alignatt", "utterances": len(items), "levels": {}}
     for level, (margin, sure, unsure) in DELAYS.items():
         engine = Engine(Recognizer(target, draft), EngineConfig(max_batch=SERVE.batch(), max_step_s=0.0))
-        config = Settings(language="en", delay=level).stream(SERVE.step, "alignatt")
+        config = replace(Settings(language="en", delay=level).stream(SERVE.step, "alignatt"), word_timestamps=True)
         texts, lags = [], []
         for audio in audios:
             text, lag = stream(engine, audio, config)
@@ -72,7 +74,7 @@ def main() -> None:
         lags.sort()
         row = {"margin_s": margin, "sure_probability": sure, "unsure_margin_s": unsure,
                "wer": round(100 * wer_pair([it["text"] for it in items], texts), 2),
-               "finals_before_the_end": len(lags),
+               "words_before_the_end": len(lags),
                "commit_lag_median_s": round(statistics.median(lags), 2) if lags else None,
                "commit_lag_p90_s": round(lags[int(0.9 * (len(lags) - 1))], 2) if lags else None,
                "engine_busy_s": round(engine.busy_s, 1)}
@@ -85,11 +87,11 @@ def main() -> None:
     lines = [f"Realtime `delay` levels: {len(items)} dev utterances streamed at serve's settings ({results['compute_type']}, "
              f"step {SERVE.step} s fixed, AlignAtt), {p['machine']}, {args.threads} threads, {p['date'][:10]}; "
              f"`{p['command']}`", "",
-             "| delay | margin s (sure / other words) | sure if p >= | WER % | finals before the end | commit lag median / "
-             "p90 s | engine busy s |", "|---|---|---|---|---|---|---|"]
+             "| delay | margin s (sure / other words) | sure if p >= | WER % | words committed before the end | "
+             "commit lag median / p90 s | engine busy s |", "|---|---|---|---|---|---|---|"]
     for level, r in results["levels"].items():
         lines.append(f"| {level} | {r['margin_s']} / {r['unsure_margin_s']} | {r['sure_probability']} | {r['wer']} | "
-                     f"{r['finals_before_the_end']} | {r['commit_lag_median_s']} / {r['commit_lag_p90_s']} | "
+                     f"{r['words_before_the_end']} | {r['commit_lag_median_s']} / {r['commit_lag_p90_s']} | "
                      f"{r['engine_busy_s']} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out}.json and .md")

@@ -21,8 +21,6 @@ WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 
 class Metrics:
     def __init__(self):
-        self.sessions_total = 0
-        self.refused = 0
         self.audio_s = 0.0
         self.decoded_s = 0.0
         self.accepted = 0
@@ -46,11 +44,9 @@ class Metrics:
         self.collectors = (self.sessions_started, self.sessions_refused, self.latency, self.queue_wait, self.uploads)
 
     def opened(self, protocol: str) -> None:
-        self.sessions_total += 1
         self.sessions_started.labels(protocol).inc()
 
     def refuse(self, reason: str) -> None:
-        self.refused += 1
         self.sessions_refused.labels(reason).inc()
 
     def events(self, events: Iterable[Event]) -> None:
@@ -85,7 +81,8 @@ class Metrics:
             rej = self.rejected + sum(s["rejected"] for s in live)
         waits = sorted(engine.queue_wait_s)
         pct = lambda q: round(waits[min(len(waits) - 1, int(q * len(waits)))], 3) if waits else None  # noqa: E731
-        return {"sessions": sessions, "sessions_total": self.sessions_total, "refused": self.refused,
+        return {"sessions": sessions, "sessions_total": total(self.sessions_started),
+                "refused": total(self.sessions_refused),
                 "audio_seconds": round(audio, 3), "decoded_seconds": round(decoded, 3),
                 "busy_seconds": round(engine.busy_s, 3),
                 "rtf": round(engine.busy_s / audio, 4) if audio else None,
@@ -106,6 +103,11 @@ class Metrics:
             registry.register(collector)
         encode, content_type = choose_encoder(accept or "")
         return encode(registry), content_type
+
+
+def total(counter: Counter) -> int:
+    """A labelled counter's sum over its labels."""
+    return int(sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total")))
 
 
 class _Snapshot:

@@ -225,7 +225,13 @@ def test_ray_serve_replica_killed_mid_session(ray_serve, audios, single_serve):
     assert pid is not None, f"no replica process listens on {ports[victim]}"
     survivor_started = metrics(ports[survivor])["asr_spec_sessions_started_total"]
     os.kill(pid, signal.SIGKILL)
-    again = stream_file(url, audios[0][: 3 * 16000], None)  # a reconnect, while the victim is down
+    deadline, again = time.monotonic() + 10, None
+    while again is None:  # a reconnect while the victim is down (as clients do: retried should Ray pick the victim)
+        try:
+            again = stream_file(url, audios[0][: 3 * 16000], None)
+        except (ConnectionClosed, StreamEnded, OSError) as e:
+            assert time.monotonic() < deadline, f"no reconnect served within 10 s of the kill: {e!r}"
+            time.sleep(1)
     assert again[-1]["type"] == "closed", again
     assert metrics(ports[survivor])["asr_spec_sessions_started_total"] == survivor_started + 1
     streaming.join(130)
