@@ -235,6 +235,7 @@ def test_ray_serve_replica_killed_mid_session(ray_serve, audios, single_serve):
     assert again[-1]["type"] == "closed", again
     assert metrics(ports[survivor])["asr_spec_sessions_started_total"] == survivor_started + 1
     streaming.join(130)
+    assert "r" in holder, "the sessions had not all ended 130 s after they started"
     results = holder["r"]
     ended = [i for i, r in enumerate(results) if isinstance(r, ConnectionClosed)]
     assert len(ended) == active[victim], f"{active[victim]} session(s) were on the killed replica; ended: {results}"
