@@ -6,16 +6,18 @@ rolling a row back is just feeding from an earlier position next time (gpt-fast 
 """
 from __future__ import annotations
 
-import warnings
 from bisect import bisect_left
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from functools import cached_property
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .linear import Dense, INT8_MODES, Linear
 
 
 class Columns:
@@ -46,134 +48,37 @@ class KVCache:
     self_v: list[torch.Tensor]
     cross_k: list[torch.Tensor]  # per layer [B, H, S, Dh]
     cross_v: list[torch.Tensor]
-    cross_mask: torch.Tensor | None = None  # [B, 1, 1, S]: encoder positions each row attends to (ragged memories)
+    cross_lengths: list[int] | None = None  # encoder positions each row attends to (ragged memories; None: all S)
 
     def select(self, rows: torch.Tensor) -> "KVCache":
         """Keep only ``rows`` (batch compaction when rows finish)."""
         pick = lambda ts: [t.index_select(0, rows) for t in ts]  # noqa: E731
-        mask = self.cross_mask.index_select(0, rows) if self.cross_mask is not None else None
-        return KVCache(pick(self.self_k), pick(self.self_v), pick(self.cross_k), pick(self.cross_v), mask)
+        lengths = None if self.cross_lengths is None else [self.cross_lengths[r] for r in rows.tolist()]
+        return KVCache(pick(self.self_k), pick(self.self_v), pick(self.cross_k), pick(self.cross_v), lengths)
 
+    @cached_property
+    def cross_mask(self) -> torch.Tensor | None:
+        """[B, 1, 1, S]: the encoder positions each row attends to (None: all)."""
+        if self.cross_lengths is None:
+            return None
+        at = self.cross_k[0].device
+        return (torch.arange(self.cross_k[0].shape[2], device=at)[None, :]
+                < torch.tensor(self.cross_lengths, device=at)[:, None])[:, None, None, :]
 
-# On CUDA, cuBLAS picks its kernel, and with it the order of each output's sums, by the call's shapes, the row count
-# included: a row's bits would depend on how many rows a pass has (H200, float16: speculative text differed from
-# target-only on 3 of 65 dev utterances; eval/exact_linear.py --device cuda). There float layers multiply in blocks of
-# exactly CUDA_ROWS rows (zero rows added): one kernel for every call, and rows that do not mix. A GPU's decode step
-# is bound by its weights and its launches, not by its rows.
-CUDA_ROWS = 256
-
-
-def in_blocks(rows: torch.Tensor, weight: torch.Tensor, size: int) -> torch.Tensor:
-    """``rows @ weight.T`` [m, n], multiplied in blocks of exactly ``size`` rows (zero rows added to the last)."""
-    m = rows.shape[0]
-    blocks = F.pad(rows, (0, 0, 0, -m % size)).split(size)
-    return (torch.cat([b @ weight.t() for b in blocks]) if len(blocks) > 1 else blocks[0] @ weight.t())[:m]
-
-
-def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for the few rows of a decode step. On this CPU, ``weight @ x.T`` with
-    at least two rows streams the weight at full memory bandwidth, where ``F.linear`` picks kernels that
-    are 1.5-5x slower for small row counts (the 51865-row output layer: 10.5 vs 3.1 ms per step;
-    eval/bench_steps.py). Target-only and speculative decoding both use it. On CUDA: in blocks of ``CUDA_ROWS``
-    rows, so that a row's result does not depend on the others."""
-    rows = x.reshape(-1, x.shape[-1])
-    m = rows.shape[0]
-    if weight.is_cuda:
-        y = in_blocks(rows, weight, CUDA_ROWS)
-    else:
-        if m == 1:
-            rows = torch.cat([rows, rows])
-        y = (weight @ rows.t()).t()[:m].contiguous()
-    if bias is not None:
-        y += bias
-    return y.reshape(*x.shape[:-1], weight.shape[0])
-
-
-class Dense:
-    """A linear layer applied with :func:`project` in the weights' own precision."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        self.weight, self.bias = weight, bias
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return project(x, self.weight, self.bias)
-
-
-class Int8:
-    """A linear layer with int8 weights (one scale per output row) and int8 activations.
-
-    ``rows`` True (targets): each row of the input is quantized with its own scale and the products are summed
-    in integers, so a row's result is bitwise the same whatever the other rows of the call are (the batch, the
-    other verified positions): speculative and target-only decoding, batch 8 and batch 1, see the same numbers.
-    On a CPU the fbgemm/x86 dynamic kernel quantizes with one range per call, so each row is scaled to peak 1
-    and a fixed extra row holding -1 and +1 pins that range: the kernel's scale is the same for every call and a
-    row's scale is its own peak (7-bit activations: fbgemm's ``reduce_range``, which keeps AVX2's 16-bit pair
-    sums from saturating). Elsewhere (CUDA) ``torch._int_mm`` with per-row symmetric int8.
-    ``rows`` False (drafts on a CPU): one scale per call, a little faster; a draft's precision changes how often
-    it is accepted, never the text. Inputs and outputs are in the caller's float type. ``kernel``: "fbgemm" or
-    "int_mm" (default: fbgemm on a CPU, int_mm elsewhere; int_mm runs on a CPU too, slowly: for tests)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, rows: bool = True,
-                 kernel: str | None = None):
-        w = weight.detach().float()
-        self.out_features, self.in_features = w.shape
-        self.rows = rows
-        self.bias = None if bias is None else bias.detach().float()
-        scales = (w.abs().amax(1) / 127).clamp(min=1e-12)
-        self.cpu = (kernel or ("fbgemm" if w.device.type == "cpu" else "int_mm")) == "fbgemm"
-        if self.cpu:
-            zeros = torch.zeros(w.shape[0], dtype=torch.long)
-            with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao; still in 2.13
-                warnings.simplefilter("ignore", UserWarning)
-                q = torch.quantize_per_channel(w, scales.double(), zeros, 0, torch.qint8)
-            self.packed = torch.ops.quantized.linear_prepack(q, None if rows else self.bias)
-            self.pin = w.new_zeros(1, self.in_features)
-            self.pin[0, :2] = torch.tensor([-1.0, 1.0])
-        else:  # torch._int_mm wants at least 17 rows and a multiple of 8 columns
-            pad = -self.out_features % 8
-            self.weight_t = F.pad(torch.round(w / scales[:, None]), (0, 0, 0, pad)).to(torch.int8).t().contiguous()
-            self.scales = scales
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).float()
-        if self.cpu and not self.rows:
-            y = torch.ops.quantized.linear_dynamic(rows, self.packed, True)
-        else:
-            peak = rows.abs().amax(1, keepdim=True).clamp(min=1e-30)
-            if self.cpu:
-                y = torch.ops.quantized.linear_dynamic(torch.cat([rows / peak, self.pin]), self.packed, True)[:-1] * peak
-            else:
-                m = rows.shape[0]
-                q = F.pad(torch.round(rows * (127 / peak)), (0, 0, 0, max(0, 17 - m))).to(torch.int8)
-                y = torch._int_mm(q, self.weight_t)[:m, :self.out_features].float() * (peak / 127) * self.scales
-            if self.bias is not None:
-                y += self.bias
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-
-
-class Int8Module(nn.Module):
-    """:class:`Int8` (per row) in place of an ``nn.Linear`` inside a transformers module (the encoder)."""
-
-    def __init__(self, linear: nn.Linear):
-        super().__init__()
-        self.layer = Int8(linear.weight, linear.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layer(x)
-
-
-def quantize_linears(module: nn.Module) -> nn.Module:
-    """Replace every ``nn.Linear`` inside ``module`` with :class:`Int8Module`, in place; returns ``module``."""
-    for name, child in module.named_children():
-        if isinstance(child, nn.Linear):
-            setattr(module, name, Int8Module(child))
-        else:
-            quantize_linears(child)
-    return module
-
-
-Linear = Callable[..., Callable[[torch.Tensor], torch.Tensor]]  # (weight, bias=None) -> layer: Dense or Int8
-INT8_MODES: dict[str, Linear] = {"rows": Int8, "tensor": lambda weight, bias=None: Int8(weight, bias, rows=False)}
+    @cached_property
+    def cross_groups(self) -> list[tuple[int, slice | torch.Tensor]]:
+        """The rows by memory length: (length, rows as a slice or an index), the way an exact decoder attends. A
+        kernel's sums over masked padding differ from its sums over the row's own positions, so a row padded to
+        its batch's longest memory would get other bits in other company: each length is attended on its own."""
+        b, s = self.cross_k[0].shape[0], self.cross_k[0].shape[2]
+        lengths = self.cross_lengths or [s] * b
+        groups = []
+        for n in dict.fromkeys(lengths):
+            rows = [i for i, m in enumerate(lengths) if m == n]
+            contiguous = rows == list(range(rows[0], rows[-1] + 1))
+            groups.append((n, slice(rows[0], rows[-1] + 1) if contiguous
+                           else torch.tensor(rows, device=self.cross_k[0].device)))
+        return groups
 
 
 CrossKV = tuple[list[torch.Tensor], list[torch.Tensor]]  # per layer cross-attention keys, values [B, H, S, Dh]
@@ -189,13 +94,46 @@ def stack_cross(rows: list[CrossKV]) -> CrossKV:
                  for part in (0, 1))
 
 
-# Exact rows: torch's CPU attention kernel takes another path for 1-3 queries than for 4 or more, and blocks the keys
-# by their count, so a position's numbers would depend on how many positions a pass feeds and how long the cache
-# looks. Passes of an exact decoder give attention at least EXACT_QUERIES queries (zero rows added) and the whole
-# self-attention cache (at least EXACT_KEYS positions, masked); then a row's bits are the same in a 1-token step, a
-# verify pass and a prompt (tests/test_compute.py checks it on the machine that runs the tests).
-EXACT_QUERIES = 4
+# Exact rows: torch's CPU attention kernel may take other paths for few queries (float32 here: 1, 2, 3 and 4 or more
+# queries give a row four different results; bfloat16: one) and blocks the keys by their count, so a position's
+# numbers would depend on how many positions a pass feeds and how long the cache looks. Passes of an exact decoder
+# give attention at least ``exact_queries`` queries (zero rows added: the fewest from which the count no longer
+# matters, measured per type) and the whole self-attention cache (at least EXACT_KEYS positions, masked); then a
+# row's bits are the same in a 1-token step, a verify pass and a prompt (tests/test_compute.py checks it).
 EXACT_KEYS = 512
+QUERY_FLOORS = (1, 2, 4, 8)  # query counts tried as the floor
+_FLOORS: dict[tuple, int] = {}
+
+
+def exact_queries(dtype: torch.dtype, device: torch.device, heads: int, dh: int) -> int:
+    """The fewest queries from which attention gives query 0 the same bits whatever the count (up to 17), with and
+    without a mask, over a self-attention cache and a memory's lengths; measured once per type and thread count on a
+    CPU (CUDA: 4, as measured on an H200 with ``SDPA_BACKENDS``)."""
+    if device.type == "cuda":
+        return 4
+    key = (dtype, device.type, heads, dh, torch.get_num_threads())
+    if key not in _FLOORS:
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(1, heads, 17, dh, generator=g).to(device, dtype)
+
+        def same_from(floor: int) -> bool:
+            for keys in (37, 300, EXACT_KEYS, 1500):
+                k, v = (torch.randn(1, heads, keys, dh, generator=g).to(device, dtype) for _ in range(2))
+                # no mask (memories), and a causal one (query j sees the keys before keys - 17 + j)
+                causal = torch.arange(keys, device=device)[None, :] < torch.arange(keys - 17, keys, device=device)[:, None]
+                for mask in (None, causal[None, None]):
+                    out = [F.scaled_dot_product_attention(q[:, :, :t].contiguous(), k, v, scale=1.0,
+                                                          attn_mask=None if mask is None else mask[:, :, :t])[:, :, 0]
+                           for t in range(floor, 18)]
+                    if not all(torch.equal(out[0], o) for o in out[1:]):
+                        return False
+            return True
+
+        # at least 2: a single query takes a slow path for bfloat16 (0.54 ms against 0.14 for 2 over 1500 keys, EPYC)
+        _FLOORS[key] = max(2, next((f for f in QUERY_FLOORS if same_from(f)), QUERY_FLOORS[-1]))
+    return _FLOORS[key]
+
+
 # On CUDA, torch picks cuDNN's attention for float16 with a mask, and cuDNN plans anew for every new shape: 2-3 ms a
 # call with a stream's changing lengths (H100, eval/profile_stream.py --device cuda: 70 % of the engine's time).
 # The memory-efficient kernel takes masks too and plans nothing.
@@ -214,10 +152,10 @@ class _Layer:
                           torch.cat([sa.q_proj.bias, zero, sa.v_proj.bias]).detach())
         weights = lambda m: linear(m.weight.detach(), m.bias.detach())  # noqa: E731
         self.sa_out, self.ca_q, self.ca_out = weights(sa.out_proj), weights(ca.q_proj), weights(ca.out_proj)
-        # cross-attention keys and values, computed once per window: with ``cross`` (int8 targets), else in
-        # transformers' own float layers
-        self.ca_k, self.ca_v = (ca.k_proj, ca.v_proj) if cross is None else \
-            (cross(ca.k_proj.weight.detach()), cross(ca.v_proj.weight.detach(), ca.v_proj.bias.detach()))
+        # cross-attention keys and values, computed once per window (many rows): with ``cross`` (int8 targets), else
+        # as wide float layers
+        cross = cross or (lambda weight, bias=None: Dense(weight, bias, wide=True))
+        self.ca_k, self.ca_v = cross(ca.k_proj.weight.detach()), cross(ca.v_proj.weight.detach(), ca.v_proj.bias.detach())
         self.fc1, self.fc2 = weights(layer.fc1), weights(layer.fc2)
         self.ca = ca
         self.ln1, self.ln2, self.ln3 = layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm
@@ -231,9 +169,10 @@ class StaticDecoder:
     (columns in ascending token order, see ``columns``), else over the full vocabulary with ``-inf``
     outside it. ``int8``: its linear layers run with int8 weights (:class:`Int8`), quantizing activations per
     ``"rows"`` (exact per row: targets) or per ``"tensor"`` (drafts on a CPU); None: in the weights' float.
-    It computes in the decoder's float type (its embeddings') and returns float32 logits. ``exact``: a row's
-    numbers do not depend on the other rows or positions of a pass (see ``EXACT_QUERIES``; targets whose linear
-    layers are row-exact: int8 and bfloat16/float16 ones).
+    It computes in the decoder's float type (its embeddings') and returns float32 logits. Its linear layers give a
+    row the same bits whatever the other rows (``models/linear.py``); ``exact`` (targets) makes attention do the
+    same: a row's numbers do not depend on the other rows or positions of a pass (see ``exact_queries`` and
+    ``KVCache.cross_groups``). Drafts need not be exact: the target verifies what they propose.
     """
 
     def __init__(self, decoder: nn.Module, head: torch.Tensor, head_ids: torch.Tensor | None = None,
@@ -277,11 +216,8 @@ class StaticDecoder:
             empty = k.new_zeros(b, k.shape[1], capacity, k.shape[3])
             self_k.append(empty)
             self_v.append(empty.clone())
-        mask = None
-        if lengths is not None and min(lengths) < encoder_out.shape[1]:
-            mask = (torch.arange(encoder_out.shape[1], device=encoder_out.device)[None, :]
-                    < torch.tensor(lengths, device=encoder_out.device)[:, None])[:, None, None, :]
-        return KVCache(self_k, self_v, cross_k, cross_v, mask)
+        ragged = lengths is not None and min(lengths) < encoder_out.shape[1]
+        return KVCache(self_k, self_v, cross_k, cross_v, list(lengths) if ragged else None)
 
     @torch.inference_mode()
     def cross_kv(self, encoder_out: torch.Tensor) -> CrossKV:
@@ -310,13 +246,34 @@ class StaticDecoder:
         x = dec.embed_tokens(tokens) + dec.embed_positions.weight[pos]
         keys = cache.self_k[0].shape[2] if self.exact else int(positions.max()) + 1
         mask = torch.arange(keys, device=tokens.device)[None, None, None, :] <= positions[:, None, :, None]
-        pad = EXACT_QUERIES - t if self.exact and t < EXACT_QUERIES else 0
+        floor = exact_queries(x.dtype, x.device, self.layers[0].heads, x.shape[-1] // self.layers[0].heads) \
+            if self.exact else 1
+        pad = max(0, floor - t)
         if pad:  # zero queries that see every key; their outputs are dropped
             mask = torch.cat([mask, mask.new_ones(b, 1, pad, keys)], 2)
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+            # queries always contiguous: the kernel's products take another path for a strided view (float32 on
+            # the CPU: other bits)
             with sdpa_kernel(SDPA_BACKENDS) if q.is_cuda else nullcontext():
-                return F.scaled_dot_product_attention(F.pad(q, (0, 0, 0, pad)) if pad else q, k, v, attn_mask=m,
-                                                      scale=1.0)[:, :, :t]
+                return F.scaled_dot_product_attention(F.pad(q, (0, 0, 0, pad)) if pad else q.contiguous(), k, v,
+                                                      attn_mask=m, scale=1.0)[:, :, :t]
+
+        def cross(q: torch.Tensor, i: int, scores: bool) -> torch.Tensor:
+            """Cross-attention of layer i (with ``scores``, its scores before the softmax into ``cross_scores``). An
+            exact decoder attends each memory length's rows on their own (``KVCache.cross_groups``), others mask."""
+            k, v = cache.cross_k[i], cache.cross_v[i]
+            groups = cache.cross_groups if self.exact else [(k.shape[2], slice(None))]
+            mask = None if self.exact else cache.cross_mask
+            if scores:
+                cross_scores[i] = torch.zeros(b, q.shape[1], t, k.shape[2], device=q.device)
+            out = torch.empty_like(q)
+            for n, rows in groups:
+                qg, kg = q[rows], k[rows, :, :n]
+                out[rows] = attend(qg, kg, v[rows, :, :n], mask)
+                if scores:
+                    cross_scores[i][rows, :, :, :n] = (F.pad(qg, (0, 0, 0, pad)) @ kg.transpose(-1, -2))[:, :, :t]
+            return out
+
         rows = torch.arange(b, device=tokens.device)[:, None]
         for i, layer in enumerate(self.layers):
             h = layer.heads
@@ -327,9 +284,7 @@ class StaticDecoder:
             a = attend(q, cache.self_k[i][:, :, :keys], cache.self_v[i][:, :, :keys], mask)
             x = x + layer.sa_out(a.transpose(1, 2).reshape(b, t, -1))
             q = (layer.ca_q(layer.ln2(x)) * layer.scaling).view(b, t, h, -1).transpose(1, 2)
-            if cross_scores is not None and i in cross_scores:
-                cross_scores[i] = (q @ cache.cross_k[i].transpose(-1, -2)).float()
-            a = attend(q, cache.cross_k[i], cache.cross_v[i], cache.cross_mask)
+            a = cross(q, i, cross_scores is not None and i in cross_scores)
             x = x + layer.ca_out(a.transpose(1, 2).reshape(b, t, -1))
             x = x + layer.fc2(F.gelu(layer.fc1(layer.ln3(x))))
         if logits_at is not None:

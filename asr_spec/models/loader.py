@@ -18,7 +18,8 @@ from transformers.utils import logging as hf_logging
 
 from . import EMBEDDED
 from .compute import Precision, resolve_compute_type
-from .kv_decoder import StaticDecoder, quantize_linears
+from .kv_decoder import StaticDecoder
+from .linear import quantize_linears
 from .ct2 import ct2_state_dict, load_ct2_config, read_model_bin
 from .vocab import WhisperTokenizer, generation_config_for, vocab_from
 
@@ -227,7 +228,7 @@ def load_target(spec: str = EMBEDDED, device: str = "cpu", compute_type: str | P
     tokenizer = WhisperTokenizer.from_dir(path, _generation_config(path), hf.config.vocab_size)
     name = str(spec) if p.name == "float32" else f"{spec} ({p.name})"
     return Whisper(hf, tokenizer, StaticDecoder(hf.model.decoder, hf.proj_out.weight, int8="rows" if p.int8 else None,
-                                                    exact=p.name != "float32"),
+                                                    exact=True),
                    AnyLengthEncoder(hf.model.encoder, p.int8), name, p)
 
 

@@ -1,0 +1,189 @@
+"""The decoders' linear layers, computed so that a row's result never depends on the other rows of the call.
+
+Speculative == target-only and batch 8 == batch 1 rest on it: a position's numbers must be the same in a 1-token
+step, a verify pass of K+1 tokens, a prompt's prefill and beside any other rows of a batch. BLAS libraries pick
+their kernel, and with it the order of each output's sums, by the call's shapes, the row count included (torch's
+CPU float32 products differ from 2 rows on; cuBLAS's on CUDA; eval/exact_linear.py). Two ways keep rows apart:
+
+- **fixed blocks**: every call multiplies blocks of exactly ``size`` rows (zero rows added to the last), so every
+  call runs the one kernel of that shape and rows, which never mix in a product, keep their bits;
+- **a kernel that is row-exact at every count** (torch's bfloat16 products on the CPUs measured here), the fastest
+  when there is one.
+
+Which way is row-exact is a property of the machine's kernels, so on a CPU it is measured, not assumed: for each
+layer shape, dtype and thread count, :func:`exact_way` tries the ways fastest-first on random rows (row 0 alone,
+first, last and in the middle of 2..2000 rows) and keeps the first that never differs. On CUDA, blocks of
+``CUDA_ROWS`` rows (H200: float16 speculative text differed from target-only on 3 of 65 dev utterances before).
+int8 layers (:class:`Int8`) are exact by construction: each row is quantized with its own scale and summed in
+integers.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CUDA_ROWS = 256  # a GPU's decode step is bound by its weights and its launches, not by its rows
+PROBE_ROWS = (2, 3, 4, 5, 8, 9, 16, 17, 33, 100, 300, 2000)  # row counts a way is tried at (the output layer: to 100)
+HEAD_ROWS = 100  # the output layer scores at most a pass's positions of a batch; wider layers see whole prompts
+WIDE_ROWS = (2, 17, 256, 300, 1500, 3000)  # a wide layer's row counts (cross-attention keys of encoder outputs)
+
+
+def in_blocks(rows: torch.Tensor, weight: torch.Tensor, size: int, streamed: bool = False) -> torch.Tensor:
+    """``rows @ weight.T`` [m, n], multiplied in blocks of exactly ``size`` rows (zero rows added to the last).
+    ``streamed``: each block as ``weight @ block.T``, all blocks in one batched product (on a CPU this streams the
+    weight at full memory bandwidth for a few rows, where ``block @ weight.T`` picks kernels 1.5-5x slower in
+    float32)."""
+    m = rows.shape[0]
+    n = -(-m // size)
+    blocks = F.pad(rows, (0, 0, 0, n * size - m)).view(n, size, -1)
+    if streamed:
+        out = torch.bmm(weight.expand(n, *weight.shape), blocks.transpose(1, 2)).transpose(1, 2)
+    else:
+        out = torch.cat([b @ weight.t() for b in blocks]) if n > 1 else blocks[0] @ weight.t()
+    return out.reshape(n * size, -1)[:m]
+
+
+Way = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (rows [m, in], weight [out, in]) -> [m, out]
+# per float type, fastest first on the CPUs measured (2 threads; the 51865-row output layer, 1 / 4 / 32 rows, ms):
+# float32 weight @ x.T in blocks of 4: 2.4 / 2.4 / 19 (unblocked: 2.1 / 2.6 / 15, not row-exact); bfloat16
+# F.linear: 1.7 / 1.7 / 3 (weight @ x.T: 3.8 / 3.9 / 9)
+WAYS: dict[torch.dtype, list[tuple[str, Way]]] = {
+    torch.float32: [("weight @ x.T in blocks of 4", lambda x, w: in_blocks(x, w, 4, streamed=True)),
+                    ("F.linear in blocks of 16", lambda x, w: in_blocks(x, w, 16))],
+}
+WAYS[torch.bfloat16] = WAYS[torch.float16] = [("F.linear", lambda x, w: F.linear(x, w)),
+                                              ("F.linear in blocks of 16", lambda x, w: in_blocks(x, w, 16))]
+# wide layers (the cross-attention keys and values of whole encoder outputs, hundreds of rows and more)
+WIDE_WAYS = [("F.linear", lambda x, w: F.linear(x, w)), ("F.linear in blocks of 256", lambda x, w: in_blocks(x, w, 256))]
+_CHOSEN: dict[tuple, tuple[str, Way]] = {}
+
+
+def row_exact(way: Way, out: int, inp: int, dtype: torch.dtype, device: torch.device, counts: tuple[int, ...]
+              ) -> bool:
+    """Whether ``way`` gives a row the same bits alone and as the first, middle or last of ``counts`` rows."""
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(out, inp, generator=g) / inp ** 0.5).to(device, dtype)
+    x = torch.randn(max(counts), inp, generator=g).to(device, dtype)
+    alone = way(x[:1], w)[0]
+    for m in counts:
+        for at in {0, m // 2, m - 1}:
+            rows = x[:m].clone()
+            rows[[0, at]] = x[[at, 0]]
+            if not torch.equal(way(rows, w)[at], alone):
+                return False
+    return True
+
+
+def exact_way(out: int, inp: int, dtype: torch.dtype, device: torch.device, wide: bool = False) -> tuple[str, Way]:
+    """The fastest row-exact way for a layer of that shape here (measured once per shape, type and thread count).
+    ``wide``: for calls of hundreds of rows and more (encoder outputs)."""
+    if device.type == "cuda":
+        return f"blocks of {CUDA_ROWS}", lambda x, w: in_blocks(x, w, CUDA_ROWS)
+    key = (out, inp, dtype, device.type, torch.get_num_threads(), wide)
+    if key not in _CHOSEN:
+        counts = WIDE_ROWS if wide else tuple(m for m in PROBE_ROWS if out <= 8 * inp or m <= HEAD_ROWS)
+        ways = WIDE_WAYS if wide else WAYS[dtype]
+        _CHOSEN[key] = next((w for w in ways if row_exact(w[1], out, inp, dtype, device, counts)), ways[-1])
+    return _CHOSEN[key]
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, wide: bool = False
+            ) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``, each row's result independent of the other rows (see :func:`exact_way`)."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()  # a strided view takes other kernels (other bits)
+    # contiguous out: elementwise operations after it take other paths (other bits) over a transposed layout
+    y = exact_way(*weight.shape, weight.dtype, weight.device, wide)[1](rows, weight).contiguous()
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+class Dense:
+    """A linear layer applied with :func:`project` in the weights' own precision (``wide``: see :func:`exact_way`)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, wide: bool = False):
+        self.weight, self.bias, self.wide = weight, bias, wide
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return project(x, self.weight, self.bias, self.wide)
+
+
+class Int8:
+    """A linear layer with int8 weights (one scale per output row) and int8 activations.
+
+    ``rows`` True (targets): each row of the input is quantized with its own scale and the products are summed
+    in integers, so a row's result is bitwise the same whatever the other rows of the call are (the batch, the
+    other verified positions): speculative and target-only decoding, batch 8 and batch 1, see the same numbers.
+    On a CPU the fbgemm/x86 dynamic kernel quantizes with one range per call, so each row is scaled to peak 1
+    and a fixed extra row holding -1 and +1 pins that range: the kernel's scale is the same for every call and a
+    row's scale is its own peak (7-bit activations: fbgemm's ``reduce_range``, which keeps AVX2's 16-bit pair
+    sums from saturating). Elsewhere (CUDA) ``torch._int_mm`` with per-row symmetric int8.
+    ``rows`` False (drafts on a CPU): one scale per call, a little faster; a draft's precision changes how often
+    it is accepted, never the text. Inputs and outputs are in the caller's float type. ``kernel``: "fbgemm" or
+    "int_mm" (default: fbgemm on a CPU, int_mm elsewhere; int_mm runs on a CPU too, slowly: for tests)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, rows: bool = True,
+                 kernel: str | None = None):
+        w = weight.detach().float()
+        self.out_features, self.in_features = w.shape
+        self.rows = rows
+        self.bias = None if bias is None else bias.detach().float()
+        scales = (w.abs().amax(1) / 127).clamp(min=1e-12)
+        self.cpu = (kernel or ("fbgemm" if w.device.type == "cpu" else "int_mm")) == "fbgemm"
+        if self.cpu:
+            zeros = torch.zeros(w.shape[0], dtype=torch.long)
+            with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao; still in 2.13
+                warnings.simplefilter("ignore", UserWarning)
+                q = torch.quantize_per_channel(w, scales.double(), zeros, 0, torch.qint8)
+            self.packed = torch.ops.quantized.linear_prepack(q, None if rows else self.bias)
+            self.pin = w.new_zeros(1, self.in_features)
+            self.pin[0, :2] = torch.tensor([-1.0, 1.0])
+        else:  # torch._int_mm wants at least 17 rows and a multiple of 8 columns
+            pad = -self.out_features % 8
+            self.weight_t = F.pad(torch.round(w / scales[:, None]), (0, 0, 0, pad)).to(torch.int8).t().contiguous()
+            self.scales = scales
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).float()
+        if self.cpu and not self.rows:
+            y = torch.ops.quantized.linear_dynamic(rows, self.packed, True)
+        else:
+            peak = rows.abs().amax(1, keepdim=True).clamp(min=1e-30)
+            if self.cpu:
+                y = torch.ops.quantized.linear_dynamic(torch.cat([rows / peak, self.pin]), self.packed, True)[:-1] * peak
+            else:
+                m = rows.shape[0]
+                q = F.pad(torch.round(rows * (127 / peak)), (0, 0, 0, max(0, 17 - m))).to(torch.int8)
+                y = torch._int_mm(q, self.weight_t)[:m, :self.out_features].float() * (peak / 127) * self.scales
+            if self.bias is not None:
+                y += self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+
+class Int8Module(nn.Module):
+    """:class:`Int8` (per row) in place of an ``nn.Linear`` inside a transformers module (the encoder)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.layer = Int8(linear.weight, linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+def quantize_linears(module: nn.Module) -> nn.Module:
+    """Replace every ``nn.Linear`` inside ``module`` with :class:`Int8Module`, in place; returns ``module``."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(module, name, Int8Module(child))
+        else:
+            quantize_linears(child)
+    return module
+
+
+Linear = Callable[..., Callable[[torch.Tensor], torch.Tensor]]  # (weight, bias=None) -> layer: Dense or Int8
+INT8_MODES: dict[str, Linear] = {"rows": Int8, "tensor": lambda weight, bias=None: Int8(weight, bias, rows=False)}
