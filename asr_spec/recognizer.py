@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .decoding.budget import PassClock
 from .decoding.costs import BatchCosts
 from .decoding.logits import LogitRules
 from .decoding.sampling import Sampler
@@ -70,6 +71,7 @@ class Recognizer:
         self.target, self.draft = target, draft
         self.vocab = target.vocab
         self.costs = BatchCosts()  # what passes cost on this machine, by batch width, learnt while decoding
+        self.clock: PassClock | None = None  # set to time every pass's phases (eval/pass_budget.py)
 
     def encode(self, mel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         enc = self.target.encode(mel)
@@ -119,7 +121,7 @@ class Recognizer:
         draft = self.draft.decoder if (self.draft and use_draft) else None
         options = DecodeOptions(LogitRules.whisper(self.vocab, timestamps), self.vocab.eot, self.vocab.no_speech,
                                 Sampler(temperature, seed), k if draft else 0, draft_stop, keep_cross, attention_heads)
-        return speculative_decode(Decoders(self.target.decoder, draft, self.costs if adaptive_k else None),
+        return speculative_decode(Decoders(self.target.decoder, draft, self.costs if adaptive_k else None, self.clock),
                                   memories, requests, options, cross)
 
     def needs_fallback(self, r: RowResult, o: Checks) -> bool:

@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from .budget import PassClock, phase
 from .costs import CostModel, wall_clock
 from ..models.kv_decoder import CrossKV, StaticDecoder
 from .logits import LogitRules
@@ -104,6 +105,7 @@ class Decoders:
     target: StaticDecoder
     draft: StaticDecoder | None = None
     costs: Callable[[int], CostModel] | None = None  # the measured costs of a pass over n rows (None: always k)
+    clock: PassClock | None = None  # times each phase of every pass (eval/pass_budget.py)
 
 
 class DecodingTask:
@@ -118,6 +120,7 @@ class DecodingTask:
         self.draft = decoders.draft if o.k > 0 else None
         self.k = o.k if self.draft is not None else 0
         self.costs = decoders.costs if self.draft is not None else None
+        self.clock = decoders.clock
         self.requests = requests
         dev = self.dev = self.target.device
         self.prompts = [r.prompt + r.prefix for r in requests]
@@ -178,10 +181,13 @@ class DecodingTask:
         now = wall_clock(self.dev)
         while self.live:
             started = now() if self.costs is not None else 0.0
+            t0, m = self.clock.start_pass() if self.clock else 0.0, len(self.live)
             costs = self.costs(len(self.live)) if self.costs is not None else None
             drafts, noise, chosen, hinted = self.propose(costs)
             accepted, emitted, token_lp = self.verify(drafts, noise)
             tokens = self.commit(drafts, accepted, emitted, token_lp, hinted, chosen or 0)
+            if self.clock:
+                self.clock.end_pass(t0, m, round(tokens * m))
             if costs is not None and chosen is not None and not any(hinted):
                 costs.record(chosen, tokens, now() - started)
         return [r for r in self.results if r is not None]
@@ -196,7 +202,8 @@ class DecodingTask:
         pos = torch.arange(width, device=self.dev).expand(b, width)
         at = torch.tensor([r.sot_index for r in self.requests], device=self.dev).clamp(max=width - 1)[:, None]
         scores = self._scores()
-        first = self.target(self.t_cache, self.seq[:, :width], pos, at, cross_scores=scores)
+        with phase(self.clock, "prefill"):
+            first = self.target(self.t_cache, self.seq[:, :width], pos, at, cross_scores=scores)
         self._record(scores, [range(len(r.prompt) - 1, len(p) - 1) for r, p in zip(self.requests, self.prompts)], 0)
         self.no_speech_prob = torch.softmax(first[:, 0].float(), dim=-1)[:, self.o.no_speech].tolist()
 
@@ -252,17 +259,24 @@ class DecodingTask:
         proposals: list[torch.Tensor] = []
         noises: list[torch.Tensor | None] = []
         for j in range(k):
-            logits = draft(self.d_cache, feed, fpos, fpos.new_full((m, 1), feed.shape[1] - 1), shortlist=True)[:, 0]
-            so_far = torch.stack(proposals, 1).tolist() if j else [[]] * m
-            processed = self.o.rules(logits.float(), [self.sampled[r] + x for r, x in zip(self.live, so_far)], cols)
+            with phase(self.clock, "draft"):
+                logits = draft(self.d_cache, feed, fpos, fpos.new_full((m, 1), feed.shape[1] - 1), shortlist=True)[:, 0]
+            with phase(self.clock, "host"):
+                so_far = torch.stack(proposals, 1).tolist() if j else [[]] * m
+            with phase(self.clock, "rules"):
+                processed = self.o.rules(logits.float(), [self.sampled[r] + x for r, x in zip(self.live, so_far)], cols)
             noise = self.noise(j)
             noises.append(noise)
-            c = self.o.sampler.choose(processed, noise if noise is None or cols.ids is None else noise[:, cols.ids])
-            x = c if cols.ids is None else cols.ids[c]
+            with phase(self.clock, "acceptance"):
+                c = self.o.sampler.choose(processed, noise if noise is None or cols.ids is None else noise[:, cols.ids])
+                x = c if cols.ids is None else cols.ids[c]
             proposals.append(x)
             if self.o.stop_below > 0 and j + 1 < k:
-                belief = torch.softmax(processed, dim=-1).gather(1, c[:, None])
-                if bool((belief < self.o.stop_below).all()):
+                with phase(self.clock, "acceptance"):
+                    belief = torch.softmax(processed, dim=-1).gather(1, c[:, None])
+                with phase(self.clock, "host"):
+                    stop = bool((belief < self.o.stop_below).all())
+                if stop:
                     break
             feed, fpos = x[:, None], (n + j)[:, None]
         return torch.stack(proposals, dim=1), noises
@@ -275,8 +289,9 @@ class DecodingTask:
         n, rows = self.n, self.live
         feed = torch.cat([self.seq.gather(1, (n - 1)[:, None]), drafts], dim=1)
         scores = self._scores()
-        logits = self.target(self.t_cache, feed, (n - 1)[:, None] + torch.arange(kk + 1, device=self.dev),
-                             cross_scores=scores).float()
+        with phase(self.clock, "target"):
+            logits = self.target(self.t_cache, feed, (n - 1)[:, None] + torch.arange(kk + 1, device=self.dev),
+                                 cross_scores=scores).float()
         if scores is not None:  # rejected positions are recorded again when the pass after feeds them
             self._record(scores, [range(p - 1, p + kk) for p in n.tolist()], None)
         place = {r: i for i, r in enumerate(rows)} if self.sot_pending else {}
@@ -285,14 +300,18 @@ class DecodingTask:
             for r, prob in zip(pending, torch.softmax(logits[at, 0], dim=-1)[:, self.o.no_speech].tolist()):
                 self.no_speech_prob[r] = prob
         self.sot_pending = []
-        dlist = drafts.tolist()
-        ctx = [self.sampled[r] + dlist[i][:j] for i, r in enumerate(rows) for j in range(kk + 1)]
-        logits = self.o.rules(logits.view(m * (kk + 1), -1), ctx).view(m, kk + 1, -1)
-        accepted, nxt = self.o.sampler.verify(logits, drafts, None if noise[0] is None else torch.stack(noise, 1))
-        emitted = torch.cat([drafts, drafts.new_zeros(m, 1)], dim=1)
-        emitted[torch.arange(m, device=self.dev), accepted] = nxt
-        token_lp = torch.log_softmax(logits, dim=-1).gather(2, emitted[:, :, None])[:, :, 0]
-        return accepted.tolist(), emitted.tolist(), token_lp.tolist()
+        with phase(self.clock, "host"):
+            dlist = drafts.tolist()
+        with phase(self.clock, "rules"):
+            ctx = [self.sampled[r] + dlist[i][:j] for i, r in enumerate(rows) for j in range(kk + 1)]
+            logits = self.o.rules(logits.view(m * (kk + 1), -1), ctx).view(m, kk + 1, -1)
+        with phase(self.clock, "acceptance"):
+            accepted, nxt = self.o.sampler.verify(logits, drafts, None if noise[0] is None else torch.stack(noise, 1))
+            emitted = torch.cat([drafts, drafts.new_zeros(m, 1)], dim=1)
+            emitted[torch.arange(m, device=self.dev), accepted] = nxt
+            token_lp = torch.log_softmax(logits, dim=-1).gather(2, emitted[:, :, None])[:, :, 0]
+        with phase(self.clock, "host"):
+            return accepted.tolist(), emitted.tolist(), token_lp.tolist()
 
     def commit(self, drafts: torch.Tensor, accepted: list[int], emitted: list[list[int]],
                token_lp: list[list[float]], hinted: list[bool], drafted: int) -> float:

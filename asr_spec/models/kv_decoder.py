@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Sequence
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -143,22 +145,25 @@ SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 class _Layer:
     """Weights of one decoder layer, with the self-attention q, k, v projections fused."""
 
-    def __init__(self, layer: nn.Module, linear: Linear, cross: Linear | None = None):
+    def __init__(self, layer: nn.Module, linear: Linear, cross: Linear | None, dtype: torch.dtype):
         sa, ca = layer.self_attn, layer.encoder_attn
         self.heads = sa.num_heads
         self.scaling = sa.scaling
+        cast = lambda t: t.detach().to(dtype)  # noqa: E731
         zero = torch.zeros_like(sa.q_proj.bias)
-        self.qkv = linear(torch.cat([sa.q_proj.weight, sa.k_proj.weight, sa.v_proj.weight]).detach(),
-                          torch.cat([sa.q_proj.bias, zero, sa.v_proj.bias]).detach())
-        weights = lambda m: linear(m.weight.detach(), m.bias.detach())  # noqa: E731
+        self.qkv = linear(cast(torch.cat([sa.q_proj.weight, sa.k_proj.weight, sa.v_proj.weight])),
+                          cast(torch.cat([sa.q_proj.bias, zero, sa.v_proj.bias])))
+        weights = lambda m: linear(cast(m.weight), cast(m.bias))  # noqa: E731
         self.sa_out, self.ca_q, self.ca_out = weights(sa.out_proj), weights(ca.q_proj), weights(ca.out_proj)
         # cross-attention keys and values, computed once per window (many rows): with ``cross`` (int8 targets), else
         # as wide float layers
         cross = cross or (lambda weight, bias=None: Dense(weight, bias, wide=True))
-        self.ca_k, self.ca_v = cross(ca.k_proj.weight.detach()), cross(ca.v_proj.weight.detach(), ca.v_proj.bias.detach())
+        self.ca_k, self.ca_v = cross(cast(ca.k_proj.weight)), cross(cast(ca.v_proj.weight), cast(ca.v_proj.bias))
         self.fc1, self.fc2 = weights(layer.fc1), weights(layer.fc2)
         self.ca = ca
-        self.ln1, self.ln2, self.ln3 = layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm
+        norm = lambda m: m if m.weight.dtype == dtype else copy.deepcopy(m).to(dtype)  # noqa: E731
+        self.ln1, self.ln2, self.ln3 = norm(layer.self_attn_layer_norm), norm(layer.encoder_attn_layer_norm), \
+            norm(layer.final_layer_norm)
 
 
 class StaticDecoder:
@@ -169,37 +174,36 @@ class StaticDecoder:
     (columns in ascending token order, see ``columns``), else over the full vocabulary with ``-inf``
     outside it. ``int8``: its linear layers run with int8 weights (:class:`Int8`), quantizing activations per
     ``"rows"`` (exact per row: targets) or per ``"tensor"`` (drafts on a CPU); None: in the weights' float.
-    It computes in the decoder's float type (its embeddings') and returns float32 logits. Its linear layers give a
-    row the same bits whatever the other rows (``models/linear.py``); ``exact`` (targets) makes attention do the
-    same: a row's numbers do not depend on the other rows or positions of a pass (see ``exact_queries`` and
+    It computes in ``dtype`` (default: the decoder's float type, its embeddings') and returns float32 logits. Its
+    linear layers give a row the same bits whatever the other rows (``models/linear.py``); ``exact`` (targets)
+    makes attention do the same: a row's numbers do not depend on the other rows or positions of a pass (see ``exact_queries`` and
     ``KVCache.cross_groups``). Drafts need not be exact: the target verifies what they propose.
     """
 
     def __init__(self, decoder: nn.Module, head: torch.Tensor, head_ids: torch.Tensor | None = None,
-                 int8: str | None = None, exact: bool = False):
+                 int8: str | None = None, exact: bool = False, dtype: torch.dtype | None = None):
         self.decoder = decoder
         self.int8 = int8
         self.exact = exact
+        self.dtype = dtype or decoder.embed_tokens.weight.dtype
         linear: Linear = INT8_MODES[int8] if int8 else Dense
         # a per-call activation scale over a window's 1500 frames would blur a draft's keys: floats there
-        self.layers = [_Layer(layer, linear, linear if int8 == "rows" else None) for layer in decoder.layers]
+        self.layers = [_Layer(layer, linear, linear if int8 == "rows" else None, self.dtype) for layer in decoder.layers]
+        self.final_norm = decoder.layer_norm if decoder.layer_norm.weight.dtype == self.dtype else \
+            copy.deepcopy(decoder.layer_norm).to(self.dtype)
         self.vocab_size = decoder.embed_tokens.num_embeddings
         if head_ids is not None:
             head_ids, order = head_ids.sort()
             head = head[order]
         self.head_ids = head_ids
         self.columns = Columns(head_ids)
-        self.head_w = head.detach()
+        self.head_w = head.detach().to(self.dtype)
         self.head = linear(self.head_w)
         self.max_positions = decoder.embed_positions.weight.shape[0]
 
     @property
     def device(self) -> torch.device:
         return self.head_w.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.decoder.embed_tokens.weight.dtype
 
     @torch.inference_mode()
     def new_cache(self, encoder_out: torch.Tensor, capacity: int, lengths: list[int] | None = None,
@@ -243,7 +247,7 @@ class StaticDecoder:
         b, t = tokens.shape
         dec = self.decoder
         pos = positions.clamp(max=self.max_positions - 1)
-        x = dec.embed_tokens(tokens) + dec.embed_positions.weight[pos]
+        x = (dec.embed_tokens(tokens) + dec.embed_positions.weight[pos]).to(self.dtype)
         keys = cache.self_k[0].shape[2] if self.exact else int(positions.max()) + 1
         mask = torch.arange(keys, device=tokens.device)[None, None, None, :] <= positions[:, None, :, None]
         floor = exact_queries(x.dtype, x.device, self.layers[0].heads, x.shape[-1] // self.layers[0].heads) \
@@ -289,7 +293,7 @@ class StaticDecoder:
             x = x + layer.fc2(F.gelu(layer.fc1(layer.ln3(x))))
         if logits_at is not None:
             x = x.gather(1, logits_at[:, :, None].expand(-1, -1, x.shape[-1]))
-        logits = self.head(dec.layer_norm(x)).float()
+        logits = self.head(self.final_norm(x)).float()
         if self.head_ids is None or shortlist:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
