@@ -13,7 +13,8 @@ from .decoding.budget import PassClock
 from .decoding.costs import BatchCosts
 from .decoding.logits import LogitRules
 from .decoding.sampling import Sampler
-from .decoding.speculative import DecodeOptions, Decoders, Request, RowResult, speculative_decode
+from .decoding.rows import DecodeOptions, Decoders, Request, RowResult
+from .decoding.speculative import speculative_decode
 from .models.kv_decoder import CrossKV
 from .models.loader import Draft, Whisper
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .audio import SAMPLE_RATE, Audio, AudioError, Cursor, blocks_of
-from .decoding.speculative import RowResult, RowStats
+from .decoding.rows import RowResult, RowStats
 from .features import FRAMES_PER_SECOND, HOP, N_FRAMES, TOKEN_SECONDS, Features, encoder_frames
 from .alignment import Word, align
 from .recognizer import DRAFT_STOP, K, Checks, Recognizer, compression_ratio, nothing_said, pad_memories

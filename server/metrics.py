@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
-from ..decoding.speculative import acceptance
+from ..decoding.rows import acceptance
 from ..streaming.engine import Engine
 from ..streaming.events import Event
 

@@ -8,7 +8,8 @@ from conftest import DEV
 
 from asr_spec.audio import load_audio
 from asr_spec.decoding.sampling import Sampler
-from asr_spec.decoding.speculative import DecodeOptions, Decoders, Request, speculative_decode
+from asr_spec.decoding.rows import DecodeOptions, Decoders, Request
+from asr_spec.decoding.speculative import speculative_decode
 from asr_spec.features import log_mel, window
 from asr_spec.models.compute import ComputeTypeError, int8_kernels, resolve_compute_type, runnable
 from asr_spec.models.linear import CUDA_ROWS, Int8, in_blocks

@@ -11,7 +11,8 @@ from asr_spec.decoding.costs import FIRST_TRIES, MAX_PROBE_EVERY, PROBE_EVERY, C
 from asr_spec.models.compute import int8_kernels
 from asr_spec.models.kv_decoder import StaticDecoder
 from asr_spec.decoding.logits import LogitRules
-from asr_spec.decoding.speculative import DecodeOptions, Decoders, Request, speculative_decode
+from asr_spec.decoding.rows import DecodeOptions, Decoders, Request
+from asr_spec.decoding.speculative import speculative_decode
 from asr_spec.models.loader import load_draft
 
 
@@ -366,7 +367,7 @@ def test_overrun_is_where_a_suspect_decode_went_wrong(tiny_target):
 def test_a_looping_partial_is_kept_up_to_where_it_went_wrong(tiny_target):
     """Streaming's cut (instead of a re-decode on 30 s): the tokens before the overrun, never fewer than the prefix,
     with their log-probabilities; a decode that went wrong at its first token keeps only its prefix."""
-    from asr_spec.decoding.speculative import RowResult, RowStats
+    from asr_spec.decoding.rows import RowResult, RowStats
     from asr_spec.recognizer import Recognizer
     from asr_spec.streaming.decode import _cut_overrun
 

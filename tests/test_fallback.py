@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from asr_spec.decoding.speculative import RowResult, RowStats
+from asr_spec.decoding.rows import RowResult, RowStats
 from asr_spec.recognizer import Checks, Recognizer
 
 LOOP = [100, 200, 300] * 30  # compression ratio far above 2.4

@@ -9,7 +9,7 @@ from typing import Sequence
 import pytest
 import torch
 
-from asr_spec.decoding.logits import FULL, NEG_INF, TimestampRules
+from asr_spec.decoding.logits import FULL, NEG_INF, RuleState, TimestampRules
 from asr_spec.models.kv_decoder import Columns
 from asr_spec.models.vocab import WhisperVocab
 
@@ -83,7 +83,7 @@ def compare(vocab: WhisperVocab, cols: Columns, n_cols: int, seed: int) -> tuple
     want, got = logits.clone(), logits.clone()
     rules = TimestampRules(vocab)
     reference_apply(rules, want, sampled, cols)
-    rules.apply(got, sampled, cols)
+    rules.apply(got, RuleState.of(sampled, TB), cols)
     assert torch.equal(torch.isinf(got), torch.isinf(want)), (seed, sampled)
     assert torch.equal(got, want), (seed, sampled)
     text_gone = torch.isinf(want[:, :cols.at(TB)]).all(dim=-1).tolist()
@@ -118,5 +118,5 @@ def test_edge_histories_in_one_batch():
         logits = torch.randn(len(sampled), n, generator=gen)
         want, got = logits.clone(), logits.clone()
         reference_apply(TimestampRules(VOCAB), want, sampled, c)
-        TimestampRules(VOCAB).apply(got, sampled, c)
+        TimestampRules(VOCAB).apply(got, RuleState.of(sampled, TB), c)
         assert torch.equal(got, want)

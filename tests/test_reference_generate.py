@@ -23,7 +23,8 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from asr_spec.models.kv_decoder import StaticDecoder
 from asr_spec.decoding.logits import LogitRules
-from asr_spec.decoding.speculative import DecodeOptions, Decoders, Request, RowResult, speculative_decode
+from asr_spec.decoding.rows import DecodeOptions, Decoders, Request, RowResult
+from asr_spec.decoding.speculative import speculative_decode
 
 V, SOT, NO_SPEECH, EOT = 80, 1, 2, 3
 N = 48  # most new tokens per row: generate's max_new_tokens, our sample_len

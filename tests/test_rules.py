@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from asr_spec.decoding.logits import FULL, LogitRules, TimestampRules
+from asr_spec.decoding.logits import FULL, LogitRules, RuleState, TimestampRules
 from asr_spec.models.kv_decoder import Columns
 from asr_spec.models.vocab import WhisperVocab
 
@@ -16,7 +16,7 @@ TB = VOCAB.timestamp_begin  # 37
 
 def allowed(sampled: list[int], logits: torch.Tensor | None = None) -> set[int]:
     x = torch.zeros(1, V) if logits is None else logits.clone()[None]
-    TimestampRules(VOCAB).apply(x, [sampled], FULL)
+    TimestampRules(VOCAB).apply(x, RuleState.of([sampled], TB), FULL)
     return set(torch.nonzero(torch.isfinite(x[0])).flatten().tolist())
 
 
@@ -85,3 +85,24 @@ def test_rules_on_a_shortlist_equal_full_vocabulary_rules_restricted_to_it():
         got = rules(small.clone(), [sampled], cols)[0]
         assert torch.equal(got, want), sampled
     assert cols.of([VOCAB.eot, 4, 36]) == [4, 6] and cols.at(TB) == 7
+
+
+def test_a_pass_reads_each_positions_history_from_the_rows_state_on_the_device():
+    """``RuleState.after`` (the states a verify pass's positions read), ``take`` (the state after the accepted
+    tokens) and ``push`` (a draft step's) equal the states of the histories themselves, for histories from empty
+    to several timestamps and tokens of every kind."""
+    import random
+
+    rng = random.Random(0)
+    tokens = list(range(10)) + [VOCAB.eot] + list(range(TB, V))
+    histories = [[rng.choice(tokens) for _ in range(rng.randrange(0, 6))] for _ in range(40)]
+    added = torch.tensor([[rng.choice(tokens) for _ in range(4)] for _ in histories])
+    base = RuleState.of(histories, TB)
+    after = base.after(added, TB)
+    want = RuleState.of([h + added[i, :j].tolist() for i, h in enumerate(histories) for j in range(5)], TB)
+    assert all(torch.equal(a, w) for a, w in zip(after.flat(), want.flat()))
+    cut = torch.tensor([rng.randrange(5) for _ in histories])
+    taken = RuleState.of([h + added[i, :int(cut[i])].tolist() for i, h in enumerate(histories)], TB)
+    assert all(torch.equal(a, w) for a, w in zip(after.take(cut).flat(), taken.flat()))
+    pushed = RuleState.of([h + added[i, :1].tolist() for i, h in enumerate(histories)], TB)
+    assert all(torch.equal(a, w) for a, w in zip(base.push(added[:, 0], TB).flat(), pushed.flat()))

@@ -13,7 +13,8 @@ from asr_spec.decoding.costs import CostModel
 from asr_spec.models.kv_decoder import StaticDecoder
 from asr_spec.decoding.logits import LogitRules, SuppressAtBegin, SuppressTokens
 from asr_spec.decoding.sampling import Sampler
-from asr_spec.decoding.speculative import DecodeOptions, Decoders, Request, RowStats, speculative_decode
+from asr_spec.decoding.rows import DecodeOptions, Decoders, Request, RowStats
+from asr_spec.decoding.speculative import speculative_decode
 from asr_spec.models.vocab import WhisperVocab
 
 V = 48

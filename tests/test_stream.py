@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from asr_spec.alignment import Word
-from asr_spec.decoding.speculative import RowResult, RowStats
+from asr_spec.decoding.rows import RowResult, RowStats
 from asr_spec.streaming.config import StreamConfig
 from asr_spec.streaming.request import Decoded
 from asr_spec.streaming.stream import Stream

@@ -10,7 +10,7 @@ from conftest import DEV
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from asr_spec.audio import load_audio
-from asr_spec.decoding.speculative import RowResult, RowStats
+from asr_spec.decoding.rows import RowResult, RowStats
 from asr_spec.models.loader import default_draft, load_draft
 from asr_spec.streaming.config import StreamConfig
 from asr_spec.streaming.engine import Engine, stream_audio

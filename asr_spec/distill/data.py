@@ -14,7 +14,7 @@ import torch
 from ..audio import SAMPLE_RATE, AudioError, load_audio
 from ..features import N_SAMPLES, log_mel, window
 from ..models.loader import Whisper
-from ..decoding.speculative import SAMPLE_LEN, RowResult
+from ..decoding.rows import SAMPLE_LEN, RowResult
 from ..recognizer import Checks, Recognizer, compression_ratio, nothing_said, pad_memories
 from ..transcribe import TranscribeOptions, Transcriber
 from .tts import passages, random_voice, speak

@@ -6,7 +6,7 @@ from statistics import median
 
 import jiwer
 
-from ..decoding.speculative import acceptance
+from ..decoding.rows import acceptance
 
 
 @lru_cache(maxsize=1)

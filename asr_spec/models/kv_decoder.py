@@ -29,6 +29,7 @@ class Columns:
         self.ids = ids
         self._ids = ids.tolist() if ids is not None else None
         self._cache: dict[tuple[int, ...], list[int]] = {}
+        self._tensors: dict[tuple, torch.Tensor] = {}
 
     def at(self, token: int) -> int:
         """The first column whose token id is >= ``token`` (a range boundary)."""
@@ -42,6 +43,20 @@ class Columns:
         if key not in self._cache:
             self._cache[key] = [c for c in map(self.at, key) if c < len(self._ids) and self._ids[c] in key]
         return self._cache[key]
+
+    def tensor_of(self, tokens: Sequence[int], device: torch.device) -> torch.Tensor:
+        """``of(tokens)`` as a tensor on ``device`` (made once)."""
+        key = (tuple(tokens), device)
+        if key not in self._tensors:
+            self._tensors[key] = torch.tensor(self.of(tokens), dtype=torch.long, device=device)
+        return self._tensors[key]
+
+    def ids_for(self, n: int, device: torch.device) -> torch.Tensor:
+        """The token id of each of ``n`` logit columns on ``device`` (made once)."""
+        key = (n, device)
+        if key not in self._tensors:
+            self._tensors[key] = torch.arange(n, device=device) if self.ids is None else self.ids.to(device)
+        return self._tensors[key]
 
 
 @dataclass

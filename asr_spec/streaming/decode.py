@@ -15,7 +15,7 @@ from functools import partial
 import torch
 
 from ..alignment import Alignment, Word, align, align_many, alignment_heads, decoded_words
-from ..decoding.speculative import SAMPLE_LEN, RowResult
+from ..decoding.rows import SAMPLE_LEN, RowResult
 from ..features import HOP, N_FRAMES, SAMPLE_RATE
 from ..models.kv_decoder import CrossKV, stack_cross
 from ..recognizer import Recognizer, pad_memories

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..alignment import Word
-from ..decoding.speculative import RowStats
+from ..decoding.rows import RowStats
 from ..features import TOKEN_SECONDS
 
 # times a final's words: (tokens decoded before it in the buffer, its own tokens) -> its words, in seconds from the

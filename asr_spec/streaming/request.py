@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..decoding.speculative import RowResult
+from ..decoding.rows import RowResult
 from .encoding import BufferEncoder
 from .events import Aligner
 

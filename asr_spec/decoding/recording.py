@@ -1,0 +1,42 @@
+"""The cross-attention a decode records for word timing from the decode itself (streaming's AlignAtt): the scores
+of chosen (layer, head) pairs, for the query that chose each token."""
+from __future__ import annotations
+
+import torch
+
+
+class HeadRecorder:
+    """Keeps, per request, the recorded heads' scores [heads, S] by the position of the query that produced them."""
+
+    def __init__(self, heads: tuple[tuple[int, int], ...], rows: int):
+        self.heads: dict[int, list[int]] = {}  # layer -> its heads whose cross-attention is recorded
+        for layer, head in heads:
+            self.heads.setdefault(layer, []).append(head)
+        self.kept: list[dict[int, torch.Tensor]] = [{} for _ in range(rows)]  # per request: position -> [heads, S]
+
+    def scores(self) -> dict[int, torch.Tensor | None] | None:
+        """What the target fills with the recorded layers' cross-attention scores (None: nothing recorded)."""
+        return {layer: None for layer in self.heads} if self.heads else None
+
+    def record(self, scores: dict[int, torch.Tensor | None] | None, live: list[int], positions: list[range],
+               first: int | None) -> None:
+        """Keep the scores of the queries at ``positions`` (per live row, the request indices ``live``; the pass fed
+        positions from ``first``, or from each range's start). A position recorded again (a rejected draft fed
+        again by the next pass) keeps its newest scores."""
+        if scores is None:
+            return
+        picked = torch.cat([scores[layer][:, heads] for layer, heads in self.heads.items()], dim=1)  # [m, h, T, S]
+        for i, (r, where) in enumerate(zip(live, positions)):
+            start = where.start if first is None else first
+            for p in where:
+                self.kept[r][p] = picked[i, :, p - start].clone()
+
+    def result(self, r: int, start: int, tokens: int) -> torch.Tensor | None:
+        """Request r's scores [heads, tokens + 1 (or tokens), S] from position ``start`` (the query that chose its
+        prefix's first token); forgets them."""
+        if not self.heads:
+            return None
+        rows = self.kept[r]
+        kept = [rows[p] for p in range(start, start + tokens + 1) if p in rows]
+        self.kept[r] = {}
+        return torch.stack(kept, dim=1) if kept else None
