@@ -111,44 +111,15 @@ def stack_cross(rows: list[CrossKV]) -> CrossKV:
                  for part in (0, 1))
 
 
-# Exact rows: torch's CPU attention kernel may take other paths for few queries (float32 here: 1, 2, 3 and 4 or more
-# queries give a row four different results; bfloat16: one) and blocks the keys by their count, so a position's
-# numbers would depend on how many positions a pass feeds and how long the cache looks. Passes of an exact decoder
-# give attention at least ``exact_queries`` queries (zero rows added: the fewest from which the count no longer
-# matters, measured per type) and the whole self-attention cache (at least EXACT_KEYS positions, masked); then a
-# row's bits are the same in a 1-token step, a verify pass and a prompt (tests/test_compute.py checks it).
+# Exact rows: torch's CPU attention kernel takes other paths for 1-3 queries than for 4 or more (float32: 1, 2, 3 and
+# 4+ queries give a row four different results; bfloat16 inside the real decoder too, though not in isolation: a
+# probe of the kernel alone missed it and the dev set's text changed), and blocks the keys by their count, so a
+# position's numbers would depend on how many positions a pass feeds and how long the cache looks. Passes of an exact
+# decoder give attention at least EXACT_QUERIES queries (zero rows added) and the whole self-attention cache (at
+# least EXACT_KEYS positions, masked); then a row's bits are the same in a 1-token step, a verify pass and a prompt
+# (tests/test_compute.py checks it on the tiny model, eval/exact_rows.py and eval's identical-to-target on the real one).
+EXACT_QUERIES = 4
 EXACT_KEYS = 512
-QUERY_FLOORS = (1, 2, 4, 8)  # query counts tried as the floor
-_FLOORS: dict[tuple, int] = {}
-
-
-def exact_queries(dtype: torch.dtype, device: torch.device, heads: int, dh: int) -> int:
-    """The fewest queries from which attention gives query 0 the same bits whatever the count (up to 17), with and
-    without a mask, over a self-attention cache and a memory's lengths; measured once per type and thread count on a
-    CPU (CUDA: 4, as measured on an H200 with ``SDPA_BACKENDS``)."""
-    if device.type == "cuda":
-        return 4
-    key = (dtype, device.type, heads, dh, torch.get_num_threads())
-    if key not in _FLOORS:
-        g = torch.Generator().manual_seed(0)
-        q = torch.randn(1, heads, 17, dh, generator=g).to(device, dtype)
-
-        def same_from(floor: int) -> bool:
-            for keys in (37, 300, EXACT_KEYS, 1500):
-                k, v = (torch.randn(1, heads, keys, dh, generator=g).to(device, dtype) for _ in range(2))
-                # no mask (memories), and a causal one (query j sees the keys before keys - 17 + j)
-                causal = torch.arange(keys, device=device)[None, :] < torch.arange(keys - 17, keys, device=device)[:, None]
-                for mask in (None, causal[None, None]):
-                    out = [F.scaled_dot_product_attention(q[:, :, :t].contiguous(), k, v, scale=1.0,
-                                                          attn_mask=None if mask is None else mask[:, :, :t])[:, :, 0]
-                           for t in range(floor, 18)]
-                    if not all(torch.equal(out[0], o) for o in out[1:]):
-                        return False
-            return True
-
-        # at least 2: a single query takes a slow path for bfloat16 (0.54 ms against 0.14 for 2 over 1500 keys, EPYC)
-        _FLOORS[key] = max(2, next((f for f in QUERY_FLOORS if same_from(f)), QUERY_FLOORS[-1]))
-    return _FLOORS[key]
 
 
 # On CUDA, torch picks cuDNN's attention for float16 with a mask, and cuDNN plans anew for every new shape: 2-3 ms a
@@ -191,7 +162,7 @@ class StaticDecoder:
     ``"rows"`` (exact per row: targets) or per ``"tensor"`` (drafts on a CPU); None: in the weights' float.
     It computes in ``dtype`` (default: the decoder's float type, its embeddings') and returns float32 logits. Its
     linear layers give a row the same bits whatever the other rows (``models/linear.py``); ``exact`` (targets)
-    makes attention do the same: a row's numbers do not depend on the other rows or positions of a pass (see ``exact_queries`` and
+    makes attention do the same: a row's numbers do not depend on the other rows or positions of a pass (see ``EXACT_QUERIES`` and
     ``KVCache.cross_groups``). Drafts need not be exact: the target verifies what they propose.
     """
 
@@ -265,9 +236,7 @@ class StaticDecoder:
         x = (dec.embed_tokens(tokens) + dec.embed_positions.weight[pos]).to(self.dtype)
         keys = cache.self_k[0].shape[2] if self.exact else int(positions.max()) + 1
         mask = torch.arange(keys, device=tokens.device)[None, None, None, :] <= positions[:, None, :, None]
-        floor = exact_queries(x.dtype, x.device, self.layers[0].heads, x.shape[-1] // self.layers[0].heads) \
-            if self.exact else 1
-        pad = max(0, floor - t)
+        pad = max(0, EXACT_QUERIES - t) if self.exact else 0
         if pad:  # zero queries that see every key; their outputs are dropped
             mask = torch.cat([mask, mask.new_ones(b, 1, pad, keys)], 2)
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
