@@ -211,7 +211,7 @@ def _options(args: argparse.Namespace):
                              k=TranscribeOptions.k if args.k is None else args.k,
                              draft_stop=TranscribeOptions.draft_stop if args.draft_stop is None else args.draft_stop,
                              checks=Checks(temperature_ladder(args.temperature, not args.no_fallback), seed=args.seed),
-                             encoder_window=args.encoder_window, adaptive_k=not args.fixed_k, chunked=args.chunked,
+                             encoder_window=args.encoder_window, adaptive_k=args.adaptive_k, chunked=args.chunked,
                              initial_prompt=args.initial_prompt or None, hotwords=args.hotwords or None,
                              word_timestamps=args.word_timestamps or args.word_cues)
 
@@ -435,8 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--format", choices=["txt", "srt", "vtt", "json", "all"], help="output format (default txt)")
     _model_args(t)
     t.add_argument("--k", type=int, help="most drafted tokens per target pass (default 3)")
-    t.add_argument("--fixed-k", action="store_true", help="always draft K tokens (default: each greedy pass drafts "
-                   "the 0..K tokens measured to pay most; the text is the same either way)")
+    t.add_argument("--adaptive-k", action="store_true", help="each greedy pass drafts the 0..K tokens measured to "
+                   "pay most (default: K; measured no faster on a quiet machine; the text is the same either way)")
     t.add_argument("--draft-stop", type=float, help="adaptive draft length: stop drafting once the draft's probability "
                    "for its proposal is below this (default 0.3; 0 = always K)")
     t.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples (exact speculative sampling)")
@@ -503,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--manifest", required=True, help='JSON lines of {"id", "audio", "text"} (audio relative to the file)')
     e.add_argument("--limit", type=int, default=0, help="first N utterances only")
     e.add_argument("--systems", default="target,spec,draft,hf,hf-assisted,faster-whisper",
-                   help="comma list of target, spec, spec-fixed (always K drafts), spec-chunked (--chunked), spec-fp32draft (the draft in float32 "
+                   help="comma list of target, spec (the default: always K drafts), spec-fixed (the same), spec-adaptive (each pass drafts the K measured to pay most), spec-chunked (--chunked), spec-fp32draft (the draft in float32 "
                         "where spec runs it in int8), spec-fullview (the draft reads the whole 30 s window, not only "
                         "the audio's frames), spec-sample, target-sample "
                         "(sampling without the draft, same seeds), draft, hf, hf-assisted, faster-whisper, "

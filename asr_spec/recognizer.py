@@ -111,7 +111,7 @@ class Recognizer:
 
     def decode(self, memories: tuple[torch.Tensor, torch.Tensor | None], requests: list[Request],
                temperature: float = 0.0, timestamps: bool = True, *, k: int = K, draft_stop: float = DRAFT_STOP,
-               seed: int = 0, use_draft: bool = True, adaptive_k: bool = True, keep_cross: bool = False,
+               seed: int = 0, use_draft: bool = True, adaptive_k: bool = False, keep_cross: bool = False,
                cross: tuple[CrossKV | None, CrossKV | None] = (None, None),
                attention_heads: tuple[tuple[int, int], ...] = ()) -> list[RowResult]:
         """One speculative decode of a batch of windows (``memories`` rows match ``requests``). Sampling

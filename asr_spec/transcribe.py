@@ -28,7 +28,7 @@ class TranscribeOptions:
     timestamps: bool = True
     k: int = K  # most drafted tokens per target pass
     draft_stop: float = DRAFT_STOP  # stop drafting when the draft's belief in its proposal falls below this
-    adaptive_k: bool = True  # greedy: each pass drafts the 0..k tokens measured to pay most (False: always k)
+    adaptive_k: bool = False  # greedy: each pass drafts the 0..k tokens measured to pay most (False: always k)
     checks: Checks = Checks()  # Whisper's thresholds, fallback temperatures and the sampling seed
     condition_on_previous_text: bool = True
     encoder_window: str = "full"  # "full": Whisper's padded 30 s window; "audio": only the window's audio (faster)

@@ -1,6 +1,6 @@
 """The pass budget: where a decode's time goes per target pass, phase by phase (target forward, draft forwards,
 Whisper's logit rules, acceptance, host reads, bookkeeping), at each compute type, target-only and speculative
-(adaptive draft length and a fixed K). How every change to the decode loop is judged (issue 39).
+(a fixed K, the default, and the adaptive draft length). How every change to the decode loop is judged (issue 39).
 
     python eval/pass_budget.py [--compute-type float32,int8] [--files 16] [--batch 1] [--k 3] [--threads 2]
                                [--device cuda] [--out FILE.json]
@@ -24,13 +24,13 @@ from asr_spec.models.loader import default_draft, load_draft, load_target
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
-SYSTEMS = {"target": dict(use_draft=False), "spec": dict(adaptive_k=True), "spec-fixed": dict(adaptive_k=False)}
+SYSTEMS = {"target": dict(use_draft=False), "spec": dict(adaptive_k=False), "spec-adaptive": dict(adaptive_k=True)}
 
 
 def budget(tr: Transcriber, audios: list, system: str, k: int, batch: int, device: str) -> dict:
     """One system's pass budget over ``audios`` (after a warm-up on the first)."""
     use_draft = SYSTEMS[system].get("use_draft", True)
-    options = TranscribeOptions(language="en", k=k, adaptive_k=SYSTEMS[system].get("adaptive_k", True))
+    options = TranscribeOptions(language="en", k=k, adaptive_k=SYSTEMS[system].get("adaptive_k", False))
     run = lambda: list(tr.transcribe_many([(i, lambda a=a: a) for i, a in enumerate(audios)], options, batch,
                                           use_draft))  # noqa: E731
     tr.transcribe(audios[0], options, use_draft)  # warm-up (first calls, the draft-length chooser's first tries)
@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--systems", default="target,spec,spec-fixed")
+    ap.add_argument("--systems", default="target,spec,spec-adaptive")
     ap.add_argument("--manifest", type=Path, default=DEV / "manifest.jsonl")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()

@@ -13,7 +13,7 @@ import numpy as np
 from ..audio import SAMPLE_RATE
 from ..models.compute import COMPUTE_TYPES
 
-OURS = ("target", "spec", "spec-fixed", "spec-chunked", "spec-fp32draft", "spec-fullview", "spec-sample", "target-sample",
+OURS = ("target", "spec", "spec-fixed", "spec-adaptive", "spec-chunked", "spec-fp32draft", "spec-fullview", "spec-sample", "target-sample",
         "draft")
 PEERS = ("hf", "hf-assisted", "faster-whisper", "faster-whisper-batched")
 
@@ -27,7 +27,7 @@ class SystemSpec:
     temperature: float = 0.0
     seed: int = 0
     compute_type: str = ""  # ours: "" = the run's --compute-type; faster-whisper: its compute_type
-    adaptive_k: bool = True  # spec: each pass's draft length by measured cost (spec-fixed: always k)
+    adaptive_k: bool = False  # spec-adaptive: each pass's draft length by measured cost (spec, spec-fixed: always k)
     chunked: bool = False  # spec-chunked: a file's speech chunks decoded side by side without prompts
     batch_size: int = 1  # ours: windows in flight (files, or chunks); faster-whisper-batched: its batch size
     draft_int8: bool | None = None  # the draft's linear layers in int8 (None: where the CPU has the kernels)
@@ -67,9 +67,9 @@ def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
         stem, _, suffix = name.rpartition("-")
         s, ct = (stem, suffix) if suffix in COMPUTE_TYPES and stem in OURS else (name, "")
         tag = f"-{ct}" if ct else ""
-        if s in ("spec", "spec-fixed", "spec-chunked", "spec-fp32draft", "spec-fullview"):
+        if s in ("spec", "spec-fixed", "spec-adaptive", "spec-chunked", "spec-fp32draft", "spec-fullview"):
             out += [SystemSpec(f"{s}-k{k}" + (f"-stop{p:g}" if p else "") + tag, "spec", k=k, draft_stop=p,
-                               compute_type=ct, adaptive_k=s != "spec-fixed", chunked=s == "spec-chunked",
+                               compute_type=ct, adaptive_k=s == "spec-adaptive", chunked=s == "spec-chunked",
                                draft_int8=False if s == "spec-fp32draft" else None,
                                draft_full_view=s == "spec-fullview", baseline="target" + tag) for k in ks for p in stops]
         elif s in ("spec-sample", "target-sample"):  # same seeds: the same text (sampling is keyed, not drawn)
