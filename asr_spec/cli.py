@@ -84,8 +84,8 @@ def _model_args(p: argparse.ArgumentParser, device_flag: str = "--device", compu
     p.add_argument(device_flag, dest="torch_device", default="cpu", help="torch device (cpu, cuda, ...)")
     p.add_argument("--compute-type", choices=COMPUTE_TYPES, default=compute_type, metavar="TYPE",
                    help="precision of the whole model, CTranslate2's names: " + ", ".join(COMPUTE_TYPES) + "; int8 = int8 "
-                   "weights with the best float the device computes natively; auto = the fastest type the device "
-                   "computes natively (int8 on a CPU, float16 on CUDA). Each type gives slightly different text; "
+                   "weights with the best float the device computes natively; auto = the native type measured fastest "
+                   "here (once, then kept in the cache directory). Each type gives slightly different text; "
                    f"speculation is exact at every type (default {compute_type})")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice; with --ray: per worker, default 1)")
 

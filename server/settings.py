@@ -71,8 +71,8 @@ class ServeSettings(BaseSettings):
     no_draft: bool = Field(False, description="target-only decoding (the baseline)")
     device: str = Field("cpu", description="torch device (cpu, cuda, ...)")
     compute_type: Literal[COMPUTE_TYPES] = Field("auto", description=(
-        "precision of the whole model, CTranslate2's names (auto: int8 on a CPU, float16 on CUDA; live sessions "
-        "put latency first); each type gives slightly different text, speculation is exact at every type"))
+        "precision of the whole model, CTranslate2's names (auto: the native type measured fastest here, once, "
+        "then kept; live sessions put latency first); each type gives slightly different text, speculation is exact at every type"))
     threads: int = Field(0, ge=0, description=(
         "torch CPU threads (0: one core fewer than the machine has, at least 1; torch's choice on CUDA)"))
     ray: str | None = Field(None, description=(

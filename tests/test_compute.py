@@ -26,13 +26,16 @@ def _cpu(tmp_path, flags: str) -> str:
 
 
 @needs_int8
-def test_auto_and_int8_follow_the_cpu(tmp_path):
-    """auto = int8 on a CPU (bfloat16 with AMX); int8's float is bfloat16 only where the CPU computes it natively (fake cpuinfo)."""
+def test_int8_follows_the_cpu_and_auto_is_what_is_measured(tmp_path):
+    """int8's float is bfloat16 only where the CPU computes it natively (fake cpuinfo); auto is what the measurement
+    says, never a guess from flags."""
     plain, bf16, amx = _cpu(tmp_path, ""), _cpu(tmp_path, "avx512f avx512_bf16"), _cpu(tmp_path, "amx_bf16 amx_tile")
-    assert resolve_compute_type("auto", "cpu", plain).name == "int8_float32"
-    assert resolve_compute_type("auto", "cpu", bf16).name == "int8_bfloat16"
+    assert resolve_compute_type("auto", "cpu", plain, auto=lambda: "bfloat16").name == "bfloat16"
+    assert resolve_compute_type("auto", "cpu", amx, auto=lambda: "int8").name == "int8_bfloat16"
+    with pytest.raises(ComputeTypeError, match="auto is measured"):
+        resolve_compute_type("auto", "cpu", bf16)
+    assert resolve_compute_type("int8", "cpu", bf16).name == "int8_bfloat16"
     assert resolve_compute_type("int8", "cpu", amx).name == "int8_bfloat16"
-    assert resolve_compute_type("auto", "cpu", amx).name == "bfloat16"  # AMX: bf16 matrices beat int8 (README)
     assert resolve_compute_type("int8", "cpu", _cpu(tmp_path, "avx512f avx512bw")).name == "int8_float32"
     assert resolve_compute_type("int8", "cpu", str(tmp_path / "missing")).name == "int8_float32"
     p = resolve_compute_type("int8_bfloat16", "cpu", plain)  # asked for by name: runs (emulated), never chosen
@@ -227,3 +230,28 @@ def test_int8_speculation_equals_int8_target_on_dev_speech_batch_8_and_1(dev_man
             accepted += spec[i].stats.accepted
     print(f"{len(items)} utterances at {target.precision.name}: {len(lines)} near-tie divergences")
     assert accepted > 0
+
+
+def test_auto_measures_each_native_type_once_and_keeps_the_fastest(tiny_dir, tmp_path, monkeypatch, capsys):
+    """auto on first use times every type the CPU computes natively (the tiny model: an encoder window and passes of
+    K draft steps and a verify), says what it chose and why, keeps it in the cache directory, and from then on reads
+    it back without measuring; a measurement that names another type is what the next load uses."""
+    import json
+
+    from asr_spec.models import auto
+
+    monkeypatch.setenv("ASR_SPEC_CACHE", str(tmp_path))
+    options = ModelOptions(str(tiny_dir), None, "cpu", "auto")
+    chosen = options.precision().name
+    err = capsys.readouterr().err
+    kept = json.loads(next((tmp_path / "auto").glob("*.json")).read_text())
+    assert kept["candidates"] == auto.native_types("cpu") and chosen == kept["chosen"] in kept["seconds"]
+    assert chosen == min(kept["seconds"], key=kept["seconds"].get)
+    assert "compute type auto = " + chosen in err and "seconds per window" in err
+    monkeypatch.setattr(auto, "window_seconds", lambda *a, **k: pytest.fail("measured again"))
+    assert options.precision().name == chosen and "measuring" not in capsys.readouterr().err
+    path = next((tmp_path / "auto").glob("*.json"))
+    other = next(t for t in kept["candidates"] if t != chosen)
+    path.write_text(json.dumps(kept | {"chosen": other}))
+    target = load_target(str(tiny_dir), compute_type="auto")
+    assert target.precision.name == other and target.name.endswith(f"({other}, auto)")

@@ -103,10 +103,11 @@ Transcribe = Callable[[list[np.ndarray]], list[Output]]
 def resolved_type(spec: SystemSpec, setup: Setup) -> str:
     """The concrete compute type a system runs at (CTranslate2's int8 on a CPU is int8 weights with float32
     activations: int8_float32), so that like-for-like pairs can be named."""
-    from ..models.compute import resolve_compute_type
+    from ..models.loader import ModelOptions
 
-    if spec.kind in OURS:
-        return resolve_compute_type(spec.compute_type or setup.compute_type, setup.device).name
+    if spec.kind in OURS:  # auto: the type measured fastest for the model here (cached: the worker runs the same)
+        return ModelOptions(setup.model, None, setup.device, spec.compute_type or setup.compute_type,
+                            setup.threads).precision().name
     if spec.kind.startswith("faster-whisper"):
         return {"int8": "int8_float32", "auto": "int8_float32", "default": "float32"}.get(spec.compute_type, spec.compute_type)
     return "float32"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -75,19 +76,18 @@ def _best_float(device: str | torch.device, cpuinfo: str) -> str:
     return "bfloat16" if native_bfloat16(device, cpuinfo) else "float32"
 
 
-def resolve_compute_type(name: str, device: str | torch.device = "cpu", cpuinfo: str = CPUINFO) -> Precision:
+def resolve_compute_type(name: str, device: str | torch.device = "cpu", cpuinfo: str = CPUINFO,
+                         auto: Callable[[], str] | None = None) -> Precision:
     """The concrete type for ``name`` on ``device``. ``int8``: int8 weights with the best float the device computes
-    natively (float16 on CUDA, bfloat16 on CPUs with AVX512-BF16 or AMX, else float32). ``auto``: the fastest type
-    the device computes natively: float16 on CUDA; bfloat16 on a CPU with AMX (its encoder 2.3x faster than int8's,
-    its decoder steps as fast: eval/bench_steps.py, README "Compute types"); ``int8`` on other CPUs with int8
-    kernels (measured faster than float32 and bfloat16 in the decode loop); else float32. A type the device cannot
+    natively (float16 on CUDA, bfloat16 on CPUs with AVX512-BF16 or AMX, else float32). ``auto``: what ``auto()``
+    measures fastest (``models/auto.py``; a model's ``ModelOptions.precision`` gives it). A type the device cannot
     run is refused, naming the types it can."""
     if name not in COMPUTE_TYPES:
         raise ComputeTypeError(f"unknown compute type {name!r}; choose from {', '.join(COMPUTE_TYPES)}")
     if name == "auto":
-        cuda = torch.device(device).type == "cuda"
-        name = "float16" if cuda else "bfloat16" if amx(device, cpuinfo) else "int8" if int8_kernels(device) \
-            else "float32"
+        if auto is None:
+            raise ComputeTypeError("compute type auto is measured per model: resolve it with ModelOptions.precision()")
+        name = auto()
     if name == "int8":
         name = f"int8_{_best_float(device, cpuinfo)}"
     if name not in runnable(device):

@@ -17,7 +17,7 @@ from torch import nn
 from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditionalGeneration
 from transformers.utils import logging as hf_logging
 
-from . import EMBEDDED
+from . import EMBEDDED, auto
 from .compute import Precision, resolve_compute_type
 from .kv_decoder import StaticDecoder
 from .linear import quantize_linears
@@ -227,7 +227,8 @@ def load_target(spec: str = EMBEDDED, device: str = "cpu", compute_type: str | P
     if not (path / "tokenizer.json").exists():
         raise ModelError(f"{spec}: no tokenizer.json beside the model")
     tokenizer = WhisperTokenizer.from_dir(path, _generation_config(path), hf.config.vocab_size)
-    name = str(spec) if p.name == "float32" else f"{spec} ({p.name})"
+    name = str(spec) if p.name == "float32" and compute_type != "auto" else \
+        f"{spec} ({p.name}{', auto' if compute_type == 'auto' else ''})"
     return Whisper(hf, tokenizer, StaticDecoder(hf.model.decoder, hf.proj_out.weight, int8="rows" if p.int8 else None,
                                                     exact=True),
                    AnyLengthEncoder(hf.model.encoder, p.int8), name, p)
@@ -286,13 +287,27 @@ class ModelOptions:
     threads: int = 0  # torch CPU threads (0: torch's choice)
 
     def precision(self) -> Precision:
-        """The compute type resolved for the device (a type it cannot run raises ModelError)."""
+        """The compute type resolved for the device (a type it cannot run raises ModelError); ``auto``: the type
+        measured fastest here for this model and its shipped draft (``models/auto.py``)."""
         from .compute import ComputeTypeError
 
         try:
-            return resolve_compute_type(self.compute_type, self.device)
+            return resolve_compute_type(self.compute_type, self.device, auto=self._measured_fastest)
         except ComputeTypeError as e:
             raise ModelError(str(e)) from None
+
+    def _measured_fastest(self) -> str:
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        draft = default_draft(self.model)
+
+        def measure(name: str) -> float:
+            target = load_target(self.model, self.device, name)
+            d = load_draft(draft, target) if draft else None
+            return auto.window_seconds(target.encode, target.n_mels, target.decoder, d.decoder if d else None)
+
+        key = f"{Path(self.model).name if Path(self.model).is_dir() else self.model} on {auto.machine(self.device)}"
+        return auto.measured_type(key, auto.native_types(self.device), measure, cache_dir())
 
 
 def load(options: ModelOptions) -> tuple[Whisper, Draft | None]:
