@@ -85,6 +85,17 @@ def steps_table(doc: dict) -> str:
     return md_table(head, rows)
 
 
+def budget_table(doc: dict) -> str:
+    """eval/pass_budget.py: per compute type and system, a pass's milliseconds by phase."""
+    phases = ("target", "draft", "rules", "acceptance", "host", "bookkeeping")
+    head = ["compute type", "system", "decode s", "passes", "tokens/pass", "pass ms", *(f"{p} ms" for p in phases),
+            "loop ms (share)"]
+    rows = [[r["compute_type"], r["system"], r["decode_s"], r["passes"], r["tokens_per_row_pass"],
+             r["ms_per_pass"]["pass"], *(r["ms_per_pass"][p] for p in phases),
+             f"{num(r['loop_ms_per_pass'])} ({pct(r['loop_share'])})"] for r in doc["rows"]]
+    return md_table(head, rows)
+
+
 ENCODER_ON = {"stream": "new audio + 2 s look-ahead + 3 s silence", "audio": "the buffer + 2 s of silence",
               "full": "padded 30 s windows"}  # eval/bench_streaming.py --encoder-windows
 
@@ -187,7 +198,8 @@ def capacity_plot(doc: dict, title: str) -> Figure:
 
 
 KINDS: dict[str, tuple[Callable[..., str], Callable[[dict, str], Figure] | None]] = {
-    "eval": (eval_table, eval_plot), "steps": (steps_table, steps_plot), "streaming-wer": (wer_table, None),
+    "eval": (eval_table, eval_plot), "steps": (steps_table, steps_plot), "budget": (budget_table, None),
+    "streaming-wer": (wer_table, None),
     "streaming-capacity": (capacity_table, capacity_plot), "live-uploads": (live_table, None),
     "word-timestamps": (word_table, None), "ray": (ray_table, None)}
 
