@@ -241,33 +241,23 @@ class Transcriber(Recognizer):
         return [(a, b, lambda a=a, b=b: Features(cursor.take(a, b), self.target.n_mels)) for a, b in chunks], length
 
     def _encode(self, files: list[_File], o: TranscribeOptions) -> None:
-        """Encode the windows that need it and detect languages still unknown. On a CPU one window per call: a
-        batch is no faster there (the encoder is compute-bound) and its attention matrices cost 0.6 GB at 8 windows;
-        an accelerator encodes every window of one length in one call."""
-        fresh = [f for f in files if f.memory is None]
-        for f in fresh:
+        """Encode the windows that need it and detect languages still unknown, one window per call on every
+        device: a window's encoder output must not depend on the windows beside it (on CUDA the batched encoder's
+        kernels differ by batch size: batch 8's text differed from batch 1's on 3 of 65 dev utterances on an H200),
+        and on a CPU a batch is no faster (the encoder is compute-bound) while its attention matrices cost 0.6 GB
+        at 8 windows."""
+        for f in (f for f in files if f.memory is None):
             f.frames = f.frames or encoder_frames(f.size, full=o.encoder_window == "full")
-        rows = 1 if self.target.decoder.device.type == "cpu" else len(fresh)  # see the docstring
-        for frames in sorted({f.frames for f in fresh}):
-            same = [f for f in fresh if f.frames == frames]
-            for group in (same[i:i + rows] for i in range(0, len(same), rows)):
-                self._encode_group(group, frames)
+            self._encode_window(f)
 
-    def _encode_group(self, group: list[_File], frames: int) -> None:
+    def _encode_window(self, f: _File) -> None:
         t0 = time.perf_counter()
-        target, draft = self.encode(torch.stack([f.features.window(f.seek, frames) for f in group]))
-        share = (time.perf_counter() - t0) / len(group)  # a batch's time is shared equally by its files
-        for i, f in enumerate(group):
-            f.memory = (target[i:i + 1], None if draft is None else draft[i:i + 1])
-            f.stats.encoder_seconds += share
-        unknown = [f for f in group if self.vocab.multilingual and f.language is None]
-        if unknown:
+        f.memory = self.encode(f.features.window(f.seek, f.frames)[None])
+        f.stats.encoder_seconds += time.perf_counter() - t0
+        if self.vocab.multilingual and f.language is None:
             t0 = time.perf_counter()
-            languages = self.detect_language(torch.cat([f.memory[0] for f in unknown]))
-            share = (time.perf_counter() - t0) / len(unknown)
-            for f, language in zip(unknown, languages):
-                f.language = language
-                f.stats.decode_seconds += share
+            f.language = self.detect_language(f.memory[0])[0]
+            f.stats.decode_seconds += time.perf_counter() - t0
 
     def _decode(self, files: list[_File], o: TranscribeOptions, use_draft: bool) -> None:
         """Decode every file's current window, one batch per temperature, and take the results."""

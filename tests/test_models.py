@@ -12,7 +12,7 @@ from asr_spec.models.loader import (ModelError, _package_data, distilled_decoder
                                     save_distilled)
 from asr_spec.transcribe import Transcriber
 
-from tiny import save_tiny
+from tiny import as_large_v3_vocabulary, save_tiny
 
 
 def _greedy(target, draft, timestamps=True, k=3):
@@ -61,6 +61,29 @@ def test_each_draft_kind_loads_and_decodes_exactly(tiny_target, tmp_path, kind):
     spec = _greedy(tiny_target, draft)
     assert [r.tokens for r in spec] == ref
     assert sum(r.stats.drafted for r in spec) > 0
+
+
+def test_large_v3_and_distil_large_v3_layouts_load_from_local_folders_and_decode_exactly(tmp_path):
+    """What GPU users run (--model ./whisper-large-v3 --draft ./distil-large-v3): a target in large-v3's layout (128
+    mel bins, a 51866-token vocabulary with <|yue|>) and a decoder-only 2-layer draft of the same layout (tiny widths)
+    load from folders, fit each other, and the speculative text equals the target's own."""
+    from asr_spec.models.loader import ModelOptions, load
+
+    layout = dict(num_mel_bins=128, vocab_size=51866)
+    target_dir = as_large_v3_vocabulary(save_tiny(tmp_path / "whisper-large-v3", seed=0, **layout))
+    draft_dir = as_large_v3_vocabulary(save_tiny(tmp_path / "distil-large-v3", seed=8, causal=True, decoder_layers=2,
+                                                 **layout))
+    target, draft = load(ModelOptions(str(target_dir), str(draft_dir)))
+    v = target.vocab
+    assert target.n_mels == 128 and v.size == 51866 and "yue" in v.languages and v.timestamp_begin == 50365
+    assert target.tokenizer.id_to_token(51865) == "<|30.00|>"
+    mel = torch.randn(2, 128, 3000, generator=torch.Generator().manual_seed(5))
+    tr = Transcriber(target, draft)
+    memories = tr.encode(mel)
+    prompts = [tr.prompt([], "en", "transcribe", True), tr.prompt([50, 60], "yue", "transcribe", True)]
+    alone = tr.decode(memories, prompts, 0.0, True, use_draft=False)
+    spec = tr.decode(memories, prompts, 0.0, True, k=3)
+    assert [r.tokens for r in spec] == [r.tokens for r in alone] and sum(r.stats.drafted for r in spec) > 0
 
 
 @pytest.mark.parametrize("change,message", [

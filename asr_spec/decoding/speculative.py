@@ -75,6 +75,7 @@ class DecodingTask:
         self.sot_pending = [r for r, q in enumerate(requests) if q.sot_index == len(self.prompts[r]) - 1]
         self.logprobs: list[list[float]] = [[] for _ in requests]
         self.recorder = HeadRecorder(o.attention_heads, b)
+        self.built = 0.0  # seconds of this pass spent building the draft's cache (once per decode)
 
     def _draft_view(self, memory: torch.Tensor | None, lengths: list[int] | None
                     ) -> tuple[torch.Tensor | None, list[int] | None]:
@@ -98,13 +99,14 @@ class DecodingTask:
         now = wall_clock(self.dev)
         while self.live:
             started = now() if self.costs is not None else 0.0
+            self.built = 0.0
             t0, m = (self.clock.start_pass() if self.clock else 0.0), len(self.live)
             costs = self.costs(m) if self.costs is not None else None
             drafts, noise, chosen, hinted = self.propose(costs)
             accepted, emitted, token_lp = self.verify(drafts, noise)
             tokens = self.commit(accepted, emitted, token_lp, hinted, chosen or 0)
-            if costs is not None and chosen is not None and not any(hinted):
-                costs.record(chosen, tokens, now() - started)
+            if costs is not None and chosen is not None and not any(hinted):  # a pass's cost, not the decode's setup
+                costs.record(chosen, tokens, now() - started - self.built)
             if self.clock:
                 self.clock.end_pass(t0, m, round(tokens * m))
         return [r for r in self.results if r is not None]
@@ -164,6 +166,8 @@ class DecodingTask:
         shorter gap re-feed cached positions, which is harmless)."""
         draft, m, o = self.draft, len(self.live), self.o
         if self.d_cache is None:  # the first draft pass: the draft catches up on every token from position 0
+            now = wall_clock(self.dev)
+            t0 = now()
             (memory, lengths), capacity = self.d_memory
             rows = torch.tensor(self.live, dtype=torch.long, device=memory.device)
             cross = None if self.d_cross is None else \
@@ -171,6 +175,7 @@ class DecodingTask:
             with phase(self.clock, "draft"):
                 self.d_cache = draft.new_cache(memory.index_select(0, rows), capacity,
                                                [lengths[r] for r in self.live] if lengths else None, cross)
+            self.built = now() - t0  # once per decode: not what a draft length costs
         width = max(n - d for n, d in zip(self.n_host, self.dn))
         fpos = ((self.n - width)[:, None] + self.steps[:width]).clamp(min=0)
         feed = self.seq.gather(1, fpos)
