@@ -96,6 +96,15 @@ def budget_table(doc: dict) -> str:
     return md_table(head, rows)
 
 
+def projection_table(doc: dict) -> str:
+    """eval/project_large.py: per compute type, the measured costs of the large shapes and the projected speed-up."""
+    head = ["compute type", "target step ms", "verify 4 tokens ms (x step)", "draft step ms (x step)",
+            f"projected decode speed-up (E = {doc['tokens_per_pass']}, loop {doc['overhead_ms']} ms a pass)"]
+    rows = [[r["compute_type"], r["target_1_ms"], f"{num(r['target_4_ms'])} ({times(r['verify_steps'])})",
+             f"{num(r['draft_1_ms'])} ({r['draft_steps']:.3f})", times(r["projected_speedup"])] for r in doc["rows"]]
+    return md_table(head, rows)
+
+
 ENCODER_ON = {"stream": "new audio + 2 s look-ahead + 3 s silence", "audio": "the buffer + 2 s of silence",
               "full": "padded 30 s windows"}  # eval/bench_streaming.py --encoder-windows
 
@@ -199,6 +208,7 @@ def capacity_plot(doc: dict, title: str) -> Figure:
 
 KINDS: dict[str, tuple[Callable[..., str], Callable[[dict, str], Figure] | None]] = {
     "eval": (eval_table, eval_plot), "steps": (steps_table, steps_plot), "budget": (budget_table, None),
+    "projection": (projection_table, None),
     "streaming-wer": (wer_table, None),
     "streaming-capacity": (capacity_table, capacity_plot), "live-uploads": (live_table, None),
     "word-timestamps": (word_table, None), "ray": (ray_table, None)}
