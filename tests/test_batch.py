@@ -59,9 +59,9 @@ def test_the_cost_model_is_kept_per_batch_width():
 
 @pytest.mark.slow
 def test_batch_8_gives_the_text_of_one_file_at_a_time_on_dev_speech(base_model):
-    """Dev utterances decoded 8 at a time against one at a time (shipped draft, speculative greedy). A divergence
-    is allowed only as a numeric near-tie (batched matrix products differ in the last bits): each is printed with
-    the target's logit gap between the two tokens at the first differing position."""
+    """Dev utterances decoded 8 at a time against one at a time (shipped draft, speculative greedy): the same text,
+    every one (a row's numbers do not depend on its batch company; a divergence is printed with the target's logit
+    gap between the two tokens at the first differing position, and fails)."""
     tr = Transcriber(base_model, load_draft(default_draft("whisper-base"), base_model))
     rows = [json.loads(line) for line in (DEV / "manifest.jsonl").read_text().splitlines()][:24]
     items = [(r["id"], lambda p=DEV / r["audio"]: load_audio(p)) for r in rows]
@@ -84,7 +84,7 @@ def test_batch_8_gives_the_text_of_one_file_at_a_time_on_dev_speech(base_model):
         ends = [x[j] if j < len(x) else base_model.vocab.eot for x in (a, b)]
         gap = float(logits[ends[0]] - logits[ends[1]])
         print(f"{i}: diverges at token {j}: {ends[0]} vs {ends[1]}, logit gap {gap:.2e}\n  1: {one[i].text}\n  8: {eight[i].text}")
-        assert abs(gap) < 1e-3, f"{i}: a divergence that is not a near-tie (gap {gap})"
+        pytest.fail(f"{i}: batch 8 differs from batch 1 (logit gap {gap:.2e})")
     print(f"{len(rows) - len(differ)}/{len(rows)} identical")
 
 

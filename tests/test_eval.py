@@ -52,7 +52,7 @@ def test_three_clip_smoke_run_writes_the_report(tmp_path):
                         "--k", "2", "--draft", "layers:0,1,2,3,5"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr
     res = json.loads((out / "results.json").read_text())
-    assert set(res["systems"]) == {"target", "spec-k2-stop0.3"}  # K=2 with the default adaptive draft length
+    assert set(res["systems"]) == {"target", "spec-k2-stop0.3"}  # K=2 with the default draft stop
     spec = res["systems"]["spec-k2-stop0.3"]
     assert spec["identical_to_target"] == 3 and spec["utterances"] == 3
     assert spec["wer"] == res["systems"]["target"]["wer"]
