@@ -73,8 +73,11 @@ class Recognizer:
         self.vocab = target.vocab
         self.costs = BatchCosts()  # what passes cost on this machine, by batch width, learnt while decoding
         self.clock: PassClock | None = None  # set to time every pass's phases (eval/pass_budget.py)
+        self.encoder_calls = 0  # target-encoder forwards (a batch of windows or of streams' tails counts once)
+        self.decoder_passes = 0  # target passes of the decodes (a pass over a batch counts once)
 
     def encode(self, mel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self.encoder_calls += 1
         enc = self.target.encode(mel)
         return enc, (self.draft.encoder_out(mel, enc) if self.draft else None)
 
@@ -122,8 +125,10 @@ class Recognizer:
         draft = self.draft.decoder if (self.draft and use_draft) else None
         options = DecodeOptions(LogitRules.whisper(self.vocab, timestamps), self.vocab.eot, self.vocab.no_speech,
                                 Sampler(temperature, seed), k if draft else 0, draft_stop, keep_cross, attention_heads)
-        return speculative_decode(Decoders(self.target.decoder, draft, self.costs if adaptive_k else None, self.clock),
-                                  memories, requests, options, cross)
+        results = speculative_decode(Decoders(self.target.decoder, draft, self.costs if adaptive_k else None,
+                                              self.clock), memories, requests, options, cross)
+        self.decoder_passes += max((r.stats.target_passes for r in results), default=0)
+        return results
 
     def needs_fallback(self, r: RowResult, o: Checks) -> bool:
         """Whisper's checks on a decode (openai/whisper's order): repetitive text (compression ratio) or unlikely

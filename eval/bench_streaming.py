@@ -39,7 +39,7 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Callable, Protocol, Sequence, TypeVar
 
@@ -272,9 +272,9 @@ def run_clients(url: str, audios: list[np.ndarray]) -> tuple[list[Log], float]:
         return pool.apply(clients_here, (url, audios))
 
 
-def serve_engine(target, draft, max_batch: int, max_step: float) -> Engine:
-    """The engine exactly as ``asr_spec serve`` builds it."""
-    return Engine(Recognizer(target, draft), EngineConfig(max_batch=max_batch, max_step_s=max_step))
+def serve_engine(target, draft, settings: ServeSettings) -> Engine:
+    """The engine exactly as ``asr_spec serve`` builds it from its settings."""
+    return Engine(Recognizer(target, draft), settings.engine_config())
 
 
 def capacity(tr: Transcriber, engine: Engine, items: list[dict], n: int, seconds: float, step: float,
@@ -288,7 +288,10 @@ def capacity(tr: Transcriber, engine: Engine, items: list[dict], n: int, seconds
     ready.wait(30)
     audios = [speech(items, seconds, 7 * i) for i in range(n)]
     busy0, probe = engine.busy_s, EngineProbe(engine)
+    rec = engine.transcriber
+    calls0, passes0, ticks0 = rec.encoder_calls, rec.decoder_passes, engine.ticks
     logs, wall = run_clients(f"ws://127.0.0.1:{server.port}", audios)
+    ticks = max(1, engine.ticks - ticks0)
     shares = probe.shares(wall)
     server.stop()
     th.join(10)
@@ -298,7 +301,10 @@ def capacity(tr: Transcriber, engine: Engine, items: list[dict], n: int, seconds
            "engine_busy_seconds": round(busy, 1), "rtf": round(busy / duration, 3),
            "engine_busy_share": round(busy / wall, 3), **shares,
            "queue_wait_median_s": pct(waits, 0.5), "queue_wait_p90_s": pct(waits, 0.9),
-           "queue_wait_max_s": pct(waits, 1.0)}
+           "queue_wait_max_s": pct(waits, 1.0),
+           # target-encoder forwards (retries included) and target passes per engine step that decoded
+           "encoder_calls_per_tick": round((rec.encoder_calls - calls0) / ticks, 3),
+           "decoder_passes_per_tick": round((rec.decoder_passes - passes0) / ticks, 3), "ticks": ticks}
     return row | session_words(tr, audios, logs)
 
 
@@ -354,7 +360,8 @@ def wer_part(tr: Transcriber, items: list[dict], args: argparse.Namespace) -> di
     long_items = [json.loads(x) for x in (DEV / "longform" / "manifest.jsonl").read_text().splitlines()]
     for win in args.encoder_windows.split(","):
         # a fixed step: the load step follows the machine's speed, which would make the text depend on it
-        config, tag = EngineConfig(encoder_window=win, max_step_s=0.0), "" if win == WINDOWS[0] else f"_{win}_window"
+        config = replace(SERVE.engine_config(), encoder_window=win, max_step_s=0.0)
+        tag = "" if win == WINDOWS[0] else f"_{win}_window"
         results["wer_dev" + tag] = streaming_wer(tr, dev, DEV, args.step, args.policy, config=config)
         print("dev", win, results["wer_dev" + tag], flush=True)
         results["wer_longform" + tag] = streaming_wer(tr, long_items, DEV / "longform", args.step, args.policy,
@@ -378,6 +385,8 @@ COLUMNS: list[tuple[str, Callable[[dict], object]]] = [
     ("final latency median / p90 s", lambda r: spread(r, "final_latency")),
     ("old yardstick (linear in characters): partial median / p90 s", lambda r: spread(r, "partial_latency_linear")),
     ("old: final median / p90 s", lambda r: spread(r, "final_latency_linear")),
+    ("encoder calls / decoder passes per tick", lambda r: f"{r.get('encoder_calls_per_tick', '—')} / "
+                                                          f"{r.get('decoder_passes_per_tick', '—')}"),
     ("words timed", lambda r: r["words"]),
     ("words missing / offline", lambda r: f"{r['words_missing']} / {r['words_offline']}"),
     ("close lag max s", lambda r: r["close_lag_max_s"]),
@@ -424,7 +433,8 @@ def main() -> None:
         results |= wer_part(tr, items, args)
     results["capacity"] = []
     for n in (int(x) for x in args.sessions.split(",") if x):
-        row = capacity(tr, serve_engine(target, draft, serve.batch(), args.max_step), items, n, args.seconds,
+        row = capacity(tr, serve_engine(target, draft, serve.model_copy(update={"max_step": args.max_step})), items, n,
+                       args.seconds,
                        args.step, args.policy)
         print(row, flush=True)
         results["capacity"].append(row)

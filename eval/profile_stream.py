@@ -83,7 +83,7 @@ def main() -> None:
     run(engine, [a[:16000 * 5] for a in audios])  # warm-up (kernels, the cost model's first tries)
     totals: dict[str, float] = {}
     timed(vad.VoiceActivity, "__call__", "voice detection", totals)
-    timed(encoding.BufferEncoder, "encode", "encode: new audio (stream)", totals)
+    timed(decode_module, "encode_buffers", "encode: new audio (stream)", totals)
     timed(decode_module, "encode_whole", "encode: whole buffer", totals)
     timed(speculative.DecodingTask, "prefill", "decode: prefill", totals)
     timed(speculative.DecodingTask, "verify", "decode: verify passes", totals)

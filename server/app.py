@@ -30,7 +30,6 @@ from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
 from ..models.loader import Draft, Whisper
 from ..recognizer import Recognizer
-from ..streaming.config import EngineConfig
 from ..streaming.engine import Engine
 from ..transcribe import TranscribeOptions, Transcriber
 from .asgi import HeadTimeout, MethodGuard, Uvicorn, WebSockets
@@ -82,7 +81,7 @@ class Server:
     def build(cls, settings: ServeSettings, api_keys: tuple[str, ...], target: Whisper, draft: Draft | None) -> Server:
         """The server ``asr_spec serve`` runs (and each Ray Serve replica): one engine for the sessions, a file
         worker for the uploads (at the same compute type: one model in memory)."""
-        engine = Engine(Recognizer(target, draft), EngineConfig(max_batch=settings.batch(), max_step_s=settings.max_step))
+        engine = Engine(Recognizer(target, draft), settings.engine_config())
         files = FileWorker(Transcriber(target, draft), TranscribeOptions(hotwords=settings.hotwords or None),
                            batch_size=settings.file_batch, max_yield_s=settings.upload_yield)
         return cls(engine, settings.server_config(api_keys), files)

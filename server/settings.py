@@ -17,6 +17,7 @@ from ..streaming import MAX_STEP_S, POLICIES, STEP_S
 
 if TYPE_CHECKING:  # imported where used: the CLI builds serve's options from this module at every start
     from ..models.loader import ModelOptions
+    from ..streaming.config import EngineConfig
     from .config import ServerConfig
 
 ENV_PREFIX = "ASR_SPEC_"
@@ -123,6 +124,12 @@ class ServeSettings(BaseSettings):
 
         return ModelOptions(self.model, None if self.no_draft else self.draft, self.device, self.compute_type,
                             self.torch_threads())
+
+    def engine_config(self) -> EngineConfig:
+        """The streaming engine's configuration (the batch, the load step; the rest at the engine's defaults)."""
+        from ..streaming.config import EngineConfig
+
+        return EngineConfig(max_batch=self.batch(), max_step_s=self.max_step)
 
     def server_config(self, api_keys: tuple[str, ...]) -> ServerConfig:
         from .config import ServerConfig

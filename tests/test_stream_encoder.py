@@ -3,6 +3,7 @@ kept bit for bit, the decoders' cross-attention keys and values kept with them."
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from asr_spec.features import log_mel, window
@@ -60,3 +61,36 @@ def test_a_full_window_keeps_to_whisper_s_1500_positions(tiny_target):
     """A 30 s buffer (a window commit) has no room for the silence after it: it is encoded as Whisper's own window."""
     enc = BufferEncoder(Recognizer(tiny_target), lookahead_s=1.0, pad_s=1.0)
     assert enc.encode(_audio(30), start=0.0).positions == 1500
+
+
+@pytest.mark.parametrize("compute_type", ["float32", "int8_float32"])
+def test_buffers_encoded_together_get_what_each_gets_alone(tiny_dir, compute_type):
+    """One engine tick encodes every due stream's new audio in one encoder forward (encode_buffers): each stream's
+    encoder output and kept cross-attention keys equal what encoding it alone gives, over steps that grow, freeze
+    and trim its buffer, streams of different lengths side by side. Bit for bit where the linear layers are row-exact
+    (int8); within float rounding else."""
+    from asr_spec.models.compute import int8_kernels
+    from asr_spec.models.loader import load_target
+    from asr_spec.streaming.encoding import encode_buffers
+
+    if compute_type.startswith("int8") and not int8_kernels("cpu"):
+        pytest.skip("no int8 CPU kernels here")
+    rec = Recognizer(load_target(str(tiny_dir), compute_type=compute_type))
+    audios = [_audio(9, seed) for seed in range(3)]
+    alone = [BufferEncoder(rec, lookahead_s=1.0, pad_s=1.0) for _ in audios]
+    together = [BufferEncoder(rec, lookahead_s=1.0, pad_s=1.0) for _ in audios]
+    steps = [((2.0, 0.0), (1.0, 0.0), (3.5, 0.0)), ((2.5, 0.0), (2.0, 0.0), (4.0, 0.0)),
+             ((4.0, 1.0), (2.5, 0.0), (4.5, 0.0))]  # (seconds held, buffer start); the first stream trims at step 3
+    for step in steps:
+        cut = [a[int(start * 16000):int(end * 16000)] for a, (end, start) in zip(audios, step)]
+        one = [e.encode(x, start) for e, x, (_, start) in zip(alone, cut, step)]
+        many = encode_buffers([(e, x, start) for e, x, (_, start) in zip(together, cut, step)])
+        for a, b in zip(one, many):
+            pairs = [(a.memory, b.memory)] + list(zip(a.cross[0] + a.cross[1], b.cross[0] + b.cross[1]))
+            for x, y in pairs:
+                assert x.shape == y.shape
+                if compute_type.startswith("int8"):
+                    assert torch.equal(x, y)
+                else:
+                    torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+    assert [e.cache.frozen for e in together] == [e.cache.frozen for e in alone]

@@ -45,53 +45,88 @@ class EncoderCache:
             self.out = self.out[:, :positions]
 
 
+@dataclass
+class Tail:
+    """What one buffer's step gives :func:`encode_tails`: its log-mel frames from ``first_frame(cache)`` on
+    ([n_mels, M]), its cache, the positions to freeze and the positions that hold audio (None: all)."""
+    mel: torch.Tensor
+    cache: EncoderCache
+    freeze: int
+    audio: int | None = None
+
+
 @torch.inference_mode()
 def encode_tail(encoder: nn.Module, mel: torch.Tensor, cache: EncoderCache, freeze: int,
                 audio: int | None = None) -> torch.Tensor:
-    """The encoder output [1, S, D] (float32) of a buffer whose log-mel frames from ``2 * cache.frozen - 4`` on are
-    ``mel`` [1, n_mels, M] (``first_frame(cache)`` says where ``mel`` must start; frames before it are not read):
-    positions ``cache.frozen`` .. S are computed, those before come from the cache. Positions up to ``freeze`` (of
-    those computed) join the frozen ones; with ``audio`` (the positions that hold audio; silence pads the rest) they
-    attend to audio only, so that what they keep does not depend on the padding (a stream pads a different length
-    of silence at each step). ``encoder``: a transformers ``WhisperEncoder`` (its linear layers may be int8 ones:
-    they are exact per row, so a position's numbers do not depend on the others computed with it)."""
-    frozen = cache.frozen
+    """One buffer's step (:func:`encode_tails` of one): ``mel`` [1, n_mels, M]."""
+    return encode_tails(encoder, [Tail(mel[0], cache, freeze, audio)])[0]
+
+
+@torch.inference_mode()
+def encode_tails(encoder: nn.Module, tails: list[Tail]) -> list[torch.Tensor]:
+    """Each buffer's encoder output [1, S, D] (float32), all buffers in one forward: the positions from
+    ``cache.frozen`` on are computed (their log-mel frames from ``first_frame(cache)`` on are ``mel``; frames before it
+    are not read), those before come from the cache. Positions up to ``freeze`` (of those computed) join the frozen
+    ones; with ``audio`` (the positions that hold audio; silence pads the rest) they attend to audio only, so that what
+    they keep does not depend on the padding (a stream pads a different length of silence at each step).
+
+    The buffers' new positions go through each linear layer together (one call per layer for all of them); each
+    buffer attends over its own frozen and new positions alone, and its convolutions read its own frames. So a
+    buffer's numbers are those it gets encoded alone wherever the linear layers are row-exact (int8 ones: one scale
+    per row; bfloat16 on the CPUs measured), else within the float's rounding. ``encoder``: a transformers
+    ``WhisperEncoder`` (its linear layers may be int8 ones)."""
     dtype = encoder.conv1.weight.dtype
-    x = F.gelu(encoder.conv1(mel.to(dtype)))
-    x = F.gelu(encoder.conv2(x)).permute(0, 2, 1)
-    x = x[:, frozen - first_frame(cache) // 2:]  # the positions before ``frozen`` read the start's zero padding
-    end = frozen + x.shape[1]
-    x = x + encoder.embed_positions.weight[frozen:end]
-    n = max(0, min(freeze, end) - frozen)
-    mask = None
-    if n and audio is not None and audio < end:
-        mask = torch.ones(end - frozen, end, dtype=torch.bool, device=x.device)
-        mask[:n, audio:] = False
-    fresh: list[tuple[torch.Tensor, torch.Tensor]] = []
+    xs, spans, masks = [], [], []
+    for t in tails:
+        frozen = t.cache.frozen
+        x = F.gelu(encoder.conv1(t.mel[None].to(dtype)))
+        x = F.gelu(encoder.conv2(x)).permute(0, 2, 1)[0]
+        x = x[frozen - first_frame(t.cache) // 2:]  # the positions before ``frozen`` read the start's zero padding
+        end = frozen + x.shape[0]
+        xs.append(x + encoder.embed_positions.weight[frozen:end])
+        n = max(0, min(t.freeze, end) - frozen)
+        mask = None
+        if n and t.audio is not None and t.audio < end:
+            mask = torch.ones(end - frozen, end, dtype=torch.bool, device=x.device)
+            mask[:n, t.audio:] = False
+        spans.append((frozen, x.shape[0], n))
+        masks.append(mask)
+    x = torch.cat(xs)  # [sum of new positions, D]: the rows of every linear layer's one call
+    fresh: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in tails]
     for i, layer in enumerate(encoder.layers):
         attn = layer.self_attn
         h = layer.self_attn_layer_norm(x)
-        b, t, _ = h.shape
-        split = lambda y: y.view(b, t, attn.num_heads, attn.head_dim).transpose(1, 2)  # noqa: E731
-        q, k, v = split(attn.q_proj(h) * attn.scaling), split(attn.k_proj(h)), split(attn.v_proj(h))
-        fresh.append((k, v))
-        if frozen:
-            k, v = torch.cat([cache.keys[i], k], 2), torch.cat([cache.values[i], v], 2)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
-        x = x + attn.out_proj(a.transpose(1, 2).reshape(b, t, -1))
-        x = x + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(x))))
-    out = encoder.layer_norm(x)
-    whole = torch.cat([cache.out, out], 1) if frozen else out
-    if n:
-        for i, (k, v) in enumerate(fresh):
-            k, v = k[:, :, :n], v[:, :, :n]
+        heads = lambda y: y.view(-1, attn.num_heads, attn.head_dim).transpose(0, 1)[None]  # noqa: E731
+        q, k, v = attn.q_proj(h) * attn.scaling, attn.k_proj(h), attn.v_proj(h)
+        out, row = [], 0
+        for j, (t, (frozen, new, _)) in enumerate(zip(tails, spans)):
+            qj, kj, vj = (heads(y[row:row + new]) for y in (q, k, v))
+            fresh[j].append((kj, vj))
             if frozen:
-                cache.keys[i], cache.values[i] = torch.cat([cache.keys[i], k], 2), torch.cat([cache.values[i], v], 2)
-            else:
-                cache.keys.append(k.contiguous())
-                cache.values.append(v.contiguous())
-        cache.out = whole[:, :frozen + n].contiguous()
-    return whole.float()
+                kj, vj = torch.cat([t.cache.keys[i], kj], 2), torch.cat([t.cache.values[i], vj], 2)
+            a = F.scaled_dot_product_attention(qj, kj, vj, attn_mask=masks[j], scale=1.0)
+            out.append(a[0].transpose(0, 1).reshape(new, -1))
+            row += new
+        x = x + attn.out_proj(torch.cat(out))
+        x = x + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(x))))
+    x = encoder.layer_norm(x)
+    outs, row = [], 0
+    for t, (frozen, new, n), kept in zip(tails, spans, fresh):
+        out = x[row:row + new][None]
+        row += new
+        whole = torch.cat([t.cache.out, out], 1) if frozen else out
+        if n:
+            cache = t.cache
+            for i, (k, v) in enumerate(kept):
+                k, v = k[:, :, :n], v[:, :, :n]
+                if frozen:
+                    cache.keys[i], cache.values[i] = torch.cat([cache.keys[i], k], 2), torch.cat([cache.values[i], v], 2)
+                else:
+                    cache.keys.append(k.contiguous())
+                    cache.values.append(v.contiguous())
+            cache.out = whole[:, :frozen + n].contiguous()
+        outs.append(whole.float())
+    return outs
 
 
 def first_frame(cache: EncoderCache) -> int:

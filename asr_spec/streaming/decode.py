@@ -20,7 +20,7 @@ from ..features import HOP, N_FRAMES, SAMPLE_RATE
 from ..models.kv_decoder import CrossKV, stack_cross
 from ..recognizer import Recognizer, pad_memories
 from .config import EngineConfig
-from .encoding import Encoded, encode_whole
+from .encoding import Encoded, encode_buffers, encode_whole
 from .events import Aligner
 from .request import Decoded, Request
 
@@ -39,15 +39,19 @@ def decode_apart(rec: Recognizer, requests: list[Request], config: EngineConfig)
     return [out for r in requests for out in decode_apart(rec, [r], config)]
 
 
-def encode(rec: Recognizer, request: Request, config: EngineConfig) -> Encoded:
-    if request.encoder is not None and config.encoder_window == "stream":
-        return request.encoder.encode(request.audio, request.start)
-    return encode_whole(rec, request.audio, full=config.encoder_window == "full")
+def encode(rec: Recognizer, requests: list[Request], config: EngineConfig) -> list[Encoded]:
+    """Each request's buffer encoded: the streaming encoder's in one forward for all of them (``encode_buffers``),
+    the others (``encoder_window`` audio or full) one by one."""
+    streamed = [i for i, r in enumerate(requests) if r.encoder is not None and config.encoder_window == "stream"]
+    out: dict[int, Encoded] = dict(zip(streamed, encode_buffers([(requests[i].encoder, requests[i].audio,
+                                                                   requests[i].start) for i in streamed])))
+    return [out[i] if i in out else encode_whole(rec, r.audio, full=config.encoder_window == "full")
+            for i, r in enumerate(requests)]
 
 
 @torch.inference_mode()
 def decode_batch(rec: Recognizer, requests: list[Request], c: EngineConfig) -> list[Decoded]:
-    encoded = [encode(rec, r, c) for r in requests]
+    encoded = encode(rec, requests, c)
     lengths = [e.positions for e in encoded]
     memories = (pad_memories([e.memory for e in encoded]),
                 pad_memories([e.draft_memory for e in encoded]) if encoded[0].draft_memory is not None else None)

@@ -17,7 +17,7 @@ import torch
 
 from ..features import HOP, N_FRAMES, encoder_frames, log_mel, log_mel_frames, scaled, window
 from ..models.kv_decoder import CrossKV, StaticDecoder
-from ..models.stream_encoder import EncoderCache, encode_tail, first_frame
+from ..models.stream_encoder import EncoderCache, Tail, encode_tails, first_frame
 from ..recognizer import Recognizer
 
 WINDOWS = ("stream", "audio", "full")  # how a buffer is encoded (EngineConfig.encoder_window); the first: default
@@ -44,10 +44,9 @@ class _FrozenCross:
         self.decoder = decoder
         self.kv: CrossKV | None = None
 
-    def extend(self, memory: torch.Tensor, frozen: int, freeze: int) -> CrossKV:
-        """Keys and values of all of ``memory``'s positions: those before ``frozen`` kept, the rest computed now; up
-        to ``freeze`` kept for later."""
-        fresh = self.decoder.cross_kv(memory[:, frozen:])
+    def extend(self, fresh: CrossKV, frozen: int, freeze: int) -> CrossKV:
+        """Keys and values of all of a memory's positions: those before ``frozen`` kept, then ``fresh`` (those of the
+        positions from ``frozen`` on); up to ``freeze`` kept for later."""
         whole = fresh if self.kv is None else tuple([torch.cat([a, b], 2) for a, b in zip(old, new)]
                                                      for old, new in zip(self.kv, fresh))
         if freeze > frozen:
@@ -59,8 +58,28 @@ class _FrozenCross:
             self.kv = tuple([t[:, :, :positions] for t in ts] for ts in self.kv) if positions else None
 
 
+def cross_kv_of(decoder: StaticDecoder, memories: list[torch.Tensor]) -> list[CrossKV]:
+    """``decoder``'s cross-attention keys and values of each memory [1, S_i, D], all in one call per layer (a
+    position's depend on its own output only: the same numbers as one memory at a time, its layers being row-exact)."""
+    if not memories:
+        return []
+    keys, values = decoder.cross_kv(torch.cat(memories, 1))
+    cuts = [m.shape[1] for m in memories]
+    split = lambda ts: list(zip(*(t.split(cuts, dim=2) for t in ts)))  # noqa: E731
+    return [(list(k), list(v)) for k, v in zip(split(keys), split(values))]
+
+
+@dataclass
+class _Step:
+    """One buffer's step in the making: what it encodes and where its cross-attention keys stand."""
+    encoder: "BufferEncoder"
+    tail: Tail
+    frozen: int
+
+
 class BufferEncoder:
-    """Encodes one stream's buffer, step after step (see the module's text)."""
+    """Encodes one stream's buffer, step after step (see the module's text); :func:`encode_buffers` encodes the
+    buffers of several streams in one encoder forward."""
 
     def __init__(self, recognizer: Recognizer, lookahead_s: float, pad_s: float):
         self.rec = recognizer
@@ -75,6 +94,10 @@ class BufferEncoder:
     def encode(self, audio: np.ndarray, start: float) -> Encoded:
         """The encoder output of a buffer starting at stream time ``start`` holding ``audio`` (what was encoded of it
         before is kept when it is the same buffer, grown)."""
+        return encode_buffers([(self, audio, start)])[0]
+
+    def _prepare(self, audio: np.ndarray, start: float) -> _Step:
+        """The step's log-mel frames and what it freezes."""
         if start != self.start:
             self.clear()
             self.start = start
@@ -83,21 +106,11 @@ class BufferEncoder:
         frames += frames % 2  # two mel frames per encoder position
         freeze = max(0, (audio_frames - self.lookahead) // 2)
         self._cut(min(self.cache.frozen, freeze))  # a final may decode less than the buffer holds
-        first, frozen = first_frame(self.cache), self.cache.frozen
+        first = first_frame(self.cache)
         log = log_mel_frames(audio, first, frames - first, self.rec.target.n_mels)
         self.top = max(self.top, float(log[:, :max(1, audio_frames - first)].max()))
-        target = self.rec.target
-        memory = encode_tail(target.encoder.inner, scaled(log, self.top)[None].to(target.decoder.device),
-                             self.cache, freeze, audio_frames // 2)
-        freeze = self.cache.frozen
-        cross = self.cross.extend(memory, frozen, freeze)
-        if self.draft_cross is not None:  # a draft that reads the target's encoder output
-            return Encoded(memory, memory, cross, self.draft_cross.extend(memory, frozen, freeze))
-        draft = self.rec.draft
-        if draft is None:
-            return Encoded(memory, None, cross)
-        mel = window(log_mel(audio, target.n_mels), 0, frames)[None].to(target.decoder.device)
-        return Encoded(memory, draft.encoder_out(mel, memory), cross)  # a draft with an encoder of its own
+        mel = scaled(log, self.top).to(self.rec.target.decoder.device)
+        return _Step(self, Tail(mel, self.cache, freeze, audio_frames // 2), self.cache.frozen)
 
     def clear(self) -> None:
         self.top, self.start = float("-inf"), None
@@ -109,6 +122,34 @@ class BufferEncoder:
         for cross in (self.cross, self.draft_cross):
             if cross is not None:
                 cross.cut(positions)
+
+
+def encode_buffers(steps: list[tuple[BufferEncoder, np.ndarray, float]]) -> list[Encoded]:
+    """Each (stream's encoder, its buffer's audio, the buffer's start) encoded as :meth:`BufferEncoder.encode` would,
+    the buffers together: one encoder forward for all their new positions, and one call per decoder for those
+    positions' cross-attention keys and values."""
+    prepared = [enc._prepare(audio, start) for enc, audio, start in steps]
+    if not prepared:
+        return []
+    rec = prepared[0].encoder.rec
+    rec.encoder_calls += 1
+    memories = encode_tails(rec.target.encoder.inner, [p.tail for p in prepared])
+    fresh = [m[:, p.frozen:] for m, p in zip(memories, prepared)]
+    target_kv = cross_kv_of(rec.target.decoder, fresh)
+    own_draft = rec.draft is not None and rec.draft.encoder is None
+    draft_kv = cross_kv_of(rec.draft.decoder, fresh) if own_draft else [None] * len(prepared)
+    out = []
+    for p, memory, t_kv, d_kv, (_, audio, _) in zip(prepared, memories, target_kv, draft_kv, steps):
+        enc, freeze = p.encoder, p.encoder.cache.frozen
+        cross = enc.cross.extend(t_kv, p.frozen, freeze)
+        if own_draft:  # a draft that reads the target's encoder output
+            out.append(Encoded(memory, memory, cross, enc.draft_cross.extend(d_kv, p.frozen, freeze)))
+        elif rec.draft is None:
+            out.append(Encoded(memory, None, cross))
+        else:  # a draft with an encoder of its own
+            mel = window(log_mel(audio, rec.target.n_mels), 0, 2 * memory.shape[1])[None].to(memory.device)
+            out.append(Encoded(memory, rec.draft.encoder_out(mel, memory), cross))
+    return out
 
 
 def encode_whole(recognizer: Recognizer, audio: np.ndarray, full: bool) -> Encoded:

@@ -31,6 +31,7 @@ class Engine:
         self.busy_s = 0.0  # time the engine worked: voice detection, scheduling, decoding (the real-time factor)
         self.queue_wait_s: deque[float] = deque(maxlen=2000)  # per decode: how long its audio had waited
         self.decodes = 0
+        self.ticks = 0  # steps that decoded a batch
         self.step_wall_s = 0.0  # moving average of a step's time (scheduling and decoding), for the load step
 
     # --- sessions ---------------------------------------------------------------------------------------
@@ -126,6 +127,7 @@ class Engine:
         decoded = decode_apart(self.transcriber, [r for _, _, r in batch], self.config)
         with self._lock:
             self.decodes += len(batch)
+            self.ticks += 1
             for (sid, stream, req), outcome in zip(batch, decoded):
                 self.queue_wait_s.append(req.waited_s)
                 if self._streams.get(sid) is not stream:  # closed meanwhile
