@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny import save_tiny
 
 from asr_spec.models.loader import embedded_dir, load_target
+from asr_spec.models.tiny import save_tiny
 
 DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
 if not DEV.exists():  # CI clones next to shared/ as well; allow an override

@@ -10,9 +10,9 @@ import torch
 from asr_spec.models.ct2 import read_model_bin
 from asr_spec.models.loader import (ModelError, _package_data, distilled_decoder, load_draft, load_target,
                                     save_distilled)
+from asr_spec.models.tiny import save_tiny
 from asr_spec.transcribe import Transcriber
-
-from tiny import as_large_v3_vocabulary, save_tiny
+from tiny import as_large_v3_vocabulary
 
 
 def _greedy(target, draft, timestamps=True, k=3):

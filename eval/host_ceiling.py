@@ -1,0 +1,98 @@
+"""The host ceiling of the live engine: what N streams cost the machine around the model, with a negligible model.
+
+    python eval/host_ceiling.py [--sessions 16,64,256] [--seconds 20] [--threads 2] [--out FILE.json]
+
+A tiny random Whisper (asr_spec.models.tiny: 2 decoder layers of width 32, no draft) serves N streams of dev speech
+in-process, fed 0.5 s at a time as fast as the engine takes them (no pacing, no server), with serve's engine settings
+(batch, load step). The model's arithmetic is next to nothing, so the engine's busy seconds per second of audio are
+what the host spends per stream: scheduling, voice detection, log-mel, the decode loop's Python and small
+operations, alignment. That is the limit the host puts on any accelerator: at 0.05 s per audio second, a GPU behind
+this host serves at most 20 streams at real time whatever its speed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from asr_spec.audio import load_audio
+from asr_spec.evaluation.provenance import provenance
+from asr_spec.models.loader import load_target
+from asr_spec.models.tiny import save_tiny
+from asr_spec.recognizer import Recognizer
+from asr_spec.server.settings import ServeSettings
+from asr_spec.streaming.engine import Engine
+
+DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
+CHUNK_S = 0.5
+
+
+def speech(items: list[dict], seconds: float, offset: int) -> np.ndarray:
+    """Dev utterances from ``offset`` on, back to back with 0.6 s pauses, at least ``seconds`` long."""
+    parts, total, i = [], 0.0, offset
+    while total < seconds:
+        a = load_audio(DEV / items[i % len(items)]["audio"])
+        parts += [a, np.zeros(int(0.6 * 16000), np.float32)]
+        total += len(a) / 16000 + 0.6
+        i += 1
+    return np.concatenate(parts)[: int(seconds * 16000)]
+
+
+def run(engine: Engine, audios: list[np.ndarray]) -> float:
+    """Every stream fed chunk by chunk, the engine stepping whatever is due in between; returns the wall seconds."""
+    sids = [engine.open() for _ in audios]
+    step = int(CHUNK_S * 16000)
+    t0 = time.perf_counter()
+    for start in range(0, max(map(len, audios)), step):
+        for sid, a in zip(sids, audios):
+            if start < len(a):
+                engine.feed(sid, a[start:start + step])
+        while engine.poll():
+            engine.step()
+    for sid in sids:
+        engine.flush(sid, close=True)
+    while engine.poll():
+        engine.step()
+    for sid in sids:
+        engine.close(sid)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sessions", default="16,64,256")
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    items = [json.loads(line) for line in (DEV / "manifest.jsonl").read_text().splitlines()]
+    with tempfile.TemporaryDirectory() as tmp:
+        target = load_target(str(save_tiny(Path(tmp) / "tiny", seed=0)))
+    settings = ServeSettings()
+    rows = []
+    for n in (int(x) for x in args.sessions.split(",") if x):
+        engine = Engine(Recognizer(target), settings.engine_config())
+        run(engine, [speech(items, 3.0, 0)])  # warm-up
+        engine = Engine(Recognizer(target), settings.engine_config())
+        audios = [speech(items, args.seconds, 5 * i) for i in range(n)]
+        wall = run(engine, audios)
+        audio_s = sum(len(a) for a in audios) / 16000
+        row = {"sessions": n, "audio_seconds": round(audio_s, 1), "wall_seconds": round(wall, 2),
+               "engine_busy_seconds": round(engine.busy_s, 2), "decodes": engine.decodes, "ticks": engine.ticks,
+               "engine_seconds_per_audio_second": round(engine.busy_s / audio_s, 5)}
+        rows.append(row)
+        print(row, flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"provenance": provenance(args.threads), "seconds": args.seconds,
+                                        "chunk_s": CHUNK_S, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
