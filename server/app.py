@@ -132,7 +132,16 @@ class Server:
             return "draining: the server is shutting down"
         if len(self.connections) >= self.config.max_sessions:
             return f"full: all {self.config.max_sessions} sessions are in use"
-        return None
+        return self.overloaded()
+
+    def overloaded(self) -> str | None:
+        """Why the engine cannot take one more real-time speaker (its measured cost per second of audio times the
+        open sessions plus one exceeds ``max_load``), or None. A server with no session always takes one."""
+        n, limit = len(self.connections), self.config.max_load
+        if limit is None or not n or (cost := self.engine.cost()) is None or (n + 1) * cost <= limit:
+            return None
+        return (f"full: the engine spends {cost:.3f} s per second of audio; {n + 1} real-time sessions would need "
+                f"{(n + 1) * cost:.0%} of it (limit {limit:.0%})")
 
     async def health(self, request: Request) -> Response:
         """Readiness, for load balancers (open: they probe without a key): 200 ``ok``, or 503 and the reason while
@@ -171,6 +180,8 @@ class Server:
         refusal = None
         if len(self.connections) >= c.max_sessions:
             refusal = ("server_full", f"all {c.max_sessions} sessions are in use; try again later")
+        elif busy := self.overloaded():
+            refusal = ("server_full", busy.removeprefix("full: ") + "; try again later")
         elif any(self.clients[w] >= c.per_client for w in who):
             refusal = ("client_limit", f"this client has {c.per_client} sessions open already (the most one client "
                        "may hold); close one first")

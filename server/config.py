@@ -20,6 +20,10 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8765
     max_sessions: int = 8
+    # a new session is refused (server_full; /health 503) when the engine's measured cost per second of audio x
+    # (open sessions + 1) exceeds this share of the engine's time: one more speaker would not be kept at real time.
+    # None: no load check (tests and benchmarks that overload a server on purpose); serve: ServeSettings.max_load
+    max_load: float | None = None
     max_sessions_per_client: int = 0  # per client address, and per key when there are several; 0: half of max_sessions
     api_keys: tuple[str, ...] = ()  # empty: no key needed
     max_frame_bytes: int = 256 * 1024  # larger audio frames get an error event and are dropped

@@ -37,6 +37,10 @@ class ServeSettings(BaseSettings):
     max_sessions: int = Field(0, ge=0, description=(
         "more simultaneous sessions are refused (0: what the device serves in real time with final latency <= 3 s, "
         "as measured: 2 per CPU core with AMX, else 1 per core; 16 on CUDA)"))
+    max_load: float = Field(1.0, ge=0, description=(
+        "a new session is also refused (server_full; /health 503) when the engine's measured cost per second of "
+        "audio x (open sessions + 1) exceeds this share of its time: one more speaker would fall behind real time "
+        "(0: no load check, only --max-sessions)"))
     max_sessions_per_client: int = Field(0, ge=0, description=(
         "sessions one client may hold, per address and per key (0: half of --max-sessions)"))
     api_key_file: str | None = Field(None, description=(
@@ -134,7 +138,7 @@ class ServeSettings(BaseSettings):
     def server_config(self, api_keys: tuple[str, ...]) -> ServerConfig:
         from .config import ServerConfig
 
-        return ServerConfig(host=self.host, port=self.port, max_sessions=self.sessions(),
+        return ServerConfig(host=self.host, port=self.port, max_sessions=self.sessions(), max_load=self.max_load or None,
                             max_sessions_per_client=self.max_sessions_per_client, api_keys=api_keys,
                             idle_timeout_s=self.idle_timeout, step_s=self.step, commit_policy=self.commit_policy,
                             hotwords=self.hotwords, drain_s=self.drain_seconds, max_upload_s=self.max_upload_seconds)

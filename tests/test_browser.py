@@ -40,6 +40,21 @@ def speaking_browser(tmp_path):
     return webdriver.Chrome(service=Service(driver_path), options=options)
 
 
+def page_against_offline(url: str, text: str) -> float:
+    """WER (%) of the page's text against the server's own offline transcription of the clip its microphone played
+    (the same model and type, through the upload API), over the clip's words (the fake microphone loops the file,
+    so the page may hear the clip's start again)."""
+    from openai import OpenAI
+
+    from asr_spec.evaluation.metrics import normalize, wer
+
+    client = OpenAI(base_url=url.replace("ws://", "http://") + "/v1", api_key="unused", timeout=120)
+    with open(DEV / "jfk-inaugural-1961-ask-not.wav", "rb") as f:
+        offline = client.audio.transcriptions.create(model="whisper-1", file=f).text
+    words = normalize(offline).split()
+    return wer([" ".join(words)], [" ".join(normalize(text).split()[:len(words)])])
+
+
 def stop_and_check(driver, summary: str) -> None:
     """Stop: the page finishes (its summary says ``summary``) with no error shown and the button back at Start."""
     from selenium.webdriver.common.by import By
@@ -70,7 +85,7 @@ def test_the_page_streams_the_microphone_and_shows_the_words(tmp_path):
             WebDriverWait(driver, 120, poll_frequency=0.2).until(
                 lambda d: seen_partial.append(d.find_element(By.ID, "partial").text) or
                 levels.append(float(d.find_element(By.ID, "level").get_attribute("value"))) or
-                "what your country can do for you" in d.find_element(By.ID, "final").text.lower())
+                "what you can do for your country" in d.find_element(By.ID, "final").text.lower())  # the clip's end
             assert any(seen_partial), "no partial text was shown while speaking"
             assert max(levels) > 0.05, f"the level meter did not move: {max(levels)}"
             latency = driver.find_element(By.ID, "latency").text
@@ -81,6 +96,9 @@ def test_the_page_streams_the_microphone_and_shows_the_words(tmp_path):
             text = driver.execute_script("return transcriptAs('txt')")
             srt = driver.execute_script("return transcriptAs('srt')")
             assert "what your country can do for you" in text.lower()
+            heard = page_against_offline(url, text)
+            print(f"the page heard {text!r}: {heard:.1f} % WER from the offline text")
+            assert heard <= 10.0, f"the page's text is {heard:.1f} % WER from the offline text of the same clip: {text!r}"
             assert re.match(r"1\n00:00:\d\d,\d{3} --> 00:00:\d\d,\d{3}\n\S", srt), srt
             assert "country" in srt.lower()
             for link in ("download-txt", "download-srt"):

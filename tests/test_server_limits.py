@@ -22,10 +22,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+from conftest import DEV
 from server_proc import in_process
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from asr_spec.audio import load_audio
 from asr_spec.server.config import KEY_ENV, ServerConfig, api_keys
 from asr_spec.server.files import FileWorker
 from asr_spec.streaming.engine import Engine
@@ -286,3 +288,54 @@ def test_an_installed_copy_holds_the_server_and_clients_under_asr_spec_only(tmp_
     lines = run.stdout.splitlines()
     assert all(line.startswith(str(target)) for line in lines[:2]), lines
     assert lines[2:] == ["no bare server", "no bare clients"], lines
+
+
+def _health(port: int) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/health")
+        r = conn.getresponse()
+        return r.status, r.read().decode()
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_load", [1e-6, None])
+def test_a_server_whose_engine_cannot_take_one_more_speaker_refuses_the_next(tiny_target, max_load):
+    """Admission by measured load: once the engine has measured what a second of audio costs it, a new session is
+    refused with server_full (and /health is 503, saying why) when the open sessions + 1 times that cost exceed
+    ``max_load`` (here set so low that the engine can never take a second speaker); with no load check the same
+    second session is taken. A server with no open session takes one either way (/health 200 again)."""
+    jfk = load_audio(DEV / "jfk-inaugural-1961-ask-not.wav")
+    speech = (np.concatenate([jfk, jfk])[:16 * 16000] * 32767).astype(np.int16).tobytes()
+    with running(tiny_target, max_sessions=8, max_load=max_load) as srv:
+        assert _health(srv.port)[0] == 200
+        first = native(srv.port)
+        try:
+            for i in range(0, len(speech), 6400):
+                first.send(speech[i:i + 6400])
+            deadline = time.monotonic() + 60
+            while srv.engine.cost() is None:  # the engine measures once it has taken in 10 s of audio
+                assert time.monotonic() < deadline, "the engine measured no cost within 60 s"
+                time.sleep(0.1)
+            status, reason = _health(srv.port)
+            assert (status, reason.startswith("full: the engine spends")) == ((503, True) if max_load else (200, False))
+            with ws(srv.port) as second:
+                with contextlib.suppress(ConnectionClosed):
+                    second.send(json.dumps({"type": "start"}))
+                event = json.loads(second.recv(timeout=10))
+                if max_load:
+                    assert event["type"] == "error" and event["code"] == "server_full", event
+                    assert "per second of audio" in event["message"]
+                    with pytest.raises(ConnectionClosed) as closed:
+                        second.recv(timeout=10)
+                    assert closed.value.rcvd.code == 1013
+                else:
+                    assert event["type"] == "ready", event
+        finally:
+            first.close()
+        deadline = time.monotonic() + 10
+        while _health(srv.port)[0] != 200:  # the session is gone: a server with none takes one
+            assert time.monotonic() < deadline, _health(srv.port)
+            time.sleep(0.1)

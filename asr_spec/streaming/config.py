@@ -64,3 +64,7 @@ class EngineConfig:
     # added to a batch costs far less than a batch of its own later (the passes are shared), and the streams fall
     # into step with each other, so that later batches are full too (1: only streams that are due)
     join_share: float = 0.5
+    # the engine's cost per second of audio (Engine.cost: what admission by load reads) is measured over this window,
+    # once it has taken in at least this much audio
+    load_window_s: float = 30.0
+    load_min_audio_s: float = 10.0

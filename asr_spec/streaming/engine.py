@@ -21,6 +21,9 @@ from .events import Event
 from .stream import Stream
 
 
+LOAD_SAMPLE_S = 0.5  # the load is sampled after every decode, and at least this often while polling
+
+
 class Engine:
     def __init__(self, transcriber: Recognizer, config: EngineConfig = EngineConfig()):
         self.transcriber = transcriber
@@ -32,6 +35,8 @@ class Engine:
         self.queue_wait_s: deque[float] = deque(maxlen=2000)  # per decode: how long its audio had waited
         self.decodes = 0
         self.ticks = 0  # steps that decoded a batch
+        self._gone_s = 0.0  # audio the closed streams took in (decoded or skipped as silence)
+        self._load: deque[tuple[float, float, float]] = deque()  # (time, busy seconds, audio taken in) samples
         self.step_wall_s = 0.0  # moving average of a step's time (scheduling and decoding), for the load step
 
     # --- sessions ---------------------------------------------------------------------------------------
@@ -63,7 +68,29 @@ class Engine:
     def close(self, sid: int) -> Stream | None:
         """Forget stream ``sid`` at once: its queued audio is never decoded, a decode in flight is discarded."""
         with self._lock:
-            return self._streams.pop(sid, None)
+            stream = self._streams.pop(sid, None)
+            if stream is not None:
+                self._gone_s += stream.stats.decoded_s + stream.stats.skipped_s
+            return stream
+
+    def cost(self) -> float | None:
+        """Engine seconds per second of audio taken in (decoded, or skipped as silence), over the last
+        ``EngineConfig.load_window_s``; None until ``load_min_audio_s`` of audio has been taken in there. N
+        real-time streams keep the engine busy N times this share of the time, however fast their audio came."""
+        with self._lock:
+            if len(self._load) < 2:
+                return None
+            (_, busy0, audio0), (_, busy1, audio1) = self._load[0], self._load[-1]
+        audio = audio1 - audio0
+        return (busy1 - busy0) / audio if audio >= self.config.load_min_audio_s else None
+
+    def _sample_load(self) -> None:
+        """Add a (time, busy, audio taken in) sample, forgetting those older than the window (caller holds the lock)."""
+        now = time.monotonic()
+        taken = self._gone_s + sum(s.stats.decoded_s + s.stats.skipped_s for s in self._streams.values())
+        self._load.append((now, self.busy_s, taken))
+        while len(self._load) > 2 and now - self._load[1][0] > self.config.load_window_s:
+            self._load.popleft()
 
     # --- what callers may read --------------------------------------------------------------------------
     def flushes(self, sid: int) -> int:
@@ -105,6 +132,9 @@ class Engine:
         with self._lock:
             due = any(s.due(self.load_step_s) for s in self._streams.values())
         self.busy_s += time.perf_counter() - t0
+        if not self._load or time.monotonic() - self._load[-1][0] > LOAD_SAMPLE_S:
+            with self._lock:
+                self._sample_load()
         return due
 
     def _listen(self) -> None:
@@ -143,6 +173,8 @@ class Engine:
         wall = time.perf_counter() - t0
         self.busy_s += wall
         self.step_wall_s = 0.8 * self.step_wall_s + 0.2 * wall
+        with self._lock:
+            self._sample_load()
         return events
 
     def _gather(self, events: dict[int, list[Event]]) -> list:
