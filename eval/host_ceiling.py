@@ -3,8 +3,8 @@
     python eval/host_ceiling.py [--sessions 16,64,256] [--seconds 20] [--threads 2] [--out FILE.json]
 
 A tiny random Whisper (asr_spec.models.tiny: 2 decoder layers of width 32, no draft) serves N streams of dev speech
-in-process, fed 0.5 s at a time as fast as the engine takes them (no pacing, no server), with serve's engine settings
-(batch, load step). The model's arithmetic is next to nothing, so the engine's busy seconds per second of audio are
+in-process, fed 0.5 s at a time as fast as the engine takes them (no pacing, no server), with serve's compute type
+and engine settings (batch, load step). The model's arithmetic is next to nothing, so the engine's busy seconds per second of audio are
 what the host spends per stream: scheduling, voice detection, log-mel, the decode loop's Python and small
 operations, alignment. That is the limit the host puts on any accelerator: at 0.05 s per audio second, a GPU behind
 this host serves at most 20 streams at real time whatever its speed.
@@ -72,9 +72,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     items = [json.loads(line) for line in (DEV / "manifest.jsonl").read_text().splitlines()]
-    with tempfile.TemporaryDirectory() as tmp:
-        target = load_target(str(save_tiny(Path(tmp) / "tiny", seed=0)))
     settings = ServeSettings()
+    with tempfile.TemporaryDirectory() as tmp:  # at serve's compute type (auto: measured for this model here)
+        target = load_target(str(save_tiny(Path(tmp) / "tiny", seed=0)), compute_type=settings.compute_type)
     rows = []
     for n in (int(x) for x in args.sessions.split(",") if x):
         engine = Engine(Recognizer(target), settings.engine_config())

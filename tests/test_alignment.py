@@ -59,19 +59,24 @@ def test_word_times_on_a_real_utterance(base_model):
     assert len(country) == 2 and 5.5 < country[0].start < 6.5 and 9.5 < country[1].start < 10.5
 
 
-def test_windows_aligned_together_get_the_words_each_gets_alone(tiny_target):
+@pytest.mark.parametrize("compute_type", ["float32", "bfloat16"])
+def test_windows_aligned_together_get_the_words_each_gets_alone(tiny_dir, compute_type):
     """``align_many`` reads several windows' text in one pass (rows padded, each attending to its own encoder
     positions, the decode's cross-attention keys and values reused): the same words and times as ``align`` on each
     alone; ``scored=1`` skips the output layer for the first segment (its words get probability 0) and leaves
-    the later segments' words as they were."""
+    the later segments' words as they were. Memories of two lengths, one of them in two rows apart (the exact
+    decoder attends each length's rows together), at float32 and bfloat16."""
     import torch
 
     from asr_spec.alignment import Alignment, align, align_many
+    from asr_spec.models.loader import load_target
 
+    tiny_target = load_target(str(tiny_dir), compute_type=compute_type)
     dim = tiny_target.hf.config.d_model
-    memories = [torch.randn(1, n, dim, generator=torch.Generator().manual_seed(n)) for n in (20, 14)]
+    memories = [torch.randn(1, n, dim, generator=torch.Generator().manual_seed(s)) for n, s in ((20, 1), (14, 2), (20, 3))]
     enc = tiny_target.tokenizer.encode
-    segments = [[enc(" and so my"), enc(" fellow Americans")], [enc(" ask not"), enc(" what your country can")]]
+    segments = [[enc(" and so my"), enc(" fellow Americans")], [enc(" ask not"), enc(" what your country can")],
+                [enc(" ask what"), enc(" you can do")]]
     alone = [align(tiny_target, m, 2 * m.shape[1], "en", "transcribe", s) for m, s in zip(memories, segments)]
     together = align_many(tiny_target, [Alignment(m, 2 * m.shape[1], "en", "transcribe", s)
                                         for m, s in zip(memories, segments)])

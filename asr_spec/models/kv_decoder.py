@@ -261,7 +261,7 @@ class StaticDecoder:
                 qg, kg = q[rows], k[rows, :, :n]
                 out[rows] = attend(qg, kg, v[rows, :, :n], mask)
                 if scores:
-                    cross_scores[i][rows, :, :, :n] = (F.pad(qg, (0, 0, 0, pad)) @ kg.transpose(-1, -2))[:, :, :t]
+                    cross_scores[i][rows, :, :, :n] = (F.pad(qg, (0, 0, 0, pad)) @ kg.transpose(-1, -2))[:, :, :t].float()
             return out
 
         rows = torch.arange(b, device=tokens.device)[:, None]

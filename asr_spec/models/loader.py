@@ -306,7 +306,7 @@ class ModelOptions:
             d = load_draft(draft, target) if draft else None
             return auto.window_seconds(target.encode, target.n_mels, target.decoder, d.decoder if d else None)
 
-        key = f"{Path(self.model).name if Path(self.model).is_dir() else self.model} on {auto.machine(self.device)}"
+        key = f"{Path(self.model).resolve() if Path(self.model).is_dir() else self.model} on {auto.machine(self.device)}"
         return auto.measured_type(key, auto.native_types(self.device), measure, cache_dir())
 
 

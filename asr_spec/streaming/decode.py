@@ -9,7 +9,7 @@ one pass of the target decoder over the cross-attention keys and values the deco
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -70,26 +70,54 @@ def decode_batch(rec: Recognizer, requests: list[Request], c: EngineConfig) -> l
     short = [n < N_FRAMES // 2 for n in lengths]  # encoded shorter than 30 s: decoded again on 30 s if it loops
     results = decode(memories, [replace(row, memory_length=n, give_up=partial(rec.looping, positions=n) if s else None)
                                 for row, n, s in zip(rows, lengths, short)], cross=cross)
-    memory, fallbacks = [], []
-    for i, r in enumerate(requests):
-        own, padded, attempt, tries = encoded[i], not short[i], 0, 0
-        while retry := rec.retry(results[i], own.positions, padded, attempt, c.checks, ladder=r.final):
-            if retry == "pad" and not r.final:
-                results[i] = _cut_overrun(rec, results[i], own.positions, len(r.prefix))
-                break
-            tries += 1
-            if retry == "pad":  # looped, or failed the checks: decode it again as Whisper would, on 30 s
-                own, padded = encode_whole(rec, r.audio, full=True), True
-            else:
-                attempt += 1
-            results[i] = decode((own.memory, own.draft_memory), [replace(rows[i], key=(attempt,))],
-                                c.checks.temperatures[attempt], cross=(own.cross, own.draft_cross))[0]
-        memory.append(own.memory)
-        fallbacks.append(tries)
+    rounds = [_Fallback(e, not s) for e, s in zip(encoded, short)]
+    todo = list(range(len(requests)))
+    while todo:  # Whisper's fallback, the rows that need another decode decoded together, round by round
+        todo = [i for i in todo if _next_try(rec, requests[i], results, i, rounds[i], c)]
+        for attempt in sorted({rounds[i].attempt for i in todo}):
+            group = [i for i in todo if rounds[i].attempt == attempt]
+            own = [rounds[i].own for i in group]
+            mems = (pad_memories([e.memory for e in own]),
+                    pad_memories([e.draft_memory for e in own]) if own[0].draft_memory is not None else None)
+            again = decode(mems, [replace(rows[i], key=(attempt,), memory_length=e.positions) for i, e in zip(group, own)],
+                           c.checks.temperatures[attempt],
+                           cross=(_stacked([e.cross for e in own]), _stacked([e.draft_cross for e in own])))
+            for i, result in zip(group, again):
+                results[i] = result
+    memory, fallbacks = [f.own.memory for f in rounds], [f.tries for f in rounds]
     words = (_decoded_continuations if heads else _align_continuations)(rec, requests, results, memory, languages)
     return [Decoded(result, lang, not rec.needs_fallback(result, c.checks), tries,
                     _aligner(rec, r, mem, lang, result, known) if r.timed else None)
             for r, result, mem, lang, tries, known in zip(requests, results, memory, languages, fallbacks, words)]
+
+
+@dataclass
+class _Fallback:
+    """A row's way through Whisper's fallback: what it is decoded from (its own encoding, or the padded 30 s window),
+    whether that is padded, the temperature step, and the decodes repeated."""
+    own: Encoded
+    padded: bool
+    attempt: int = 0
+    tries: int = 0
+
+
+def _next_try(rec: Recognizer, request: Request, results: list[RowResult], i: int, f: _Fallback,
+              c: EngineConfig) -> bool:
+    """Whether row i's result is decoded again (``Recognizer.retry``, as for files), preparing ``f`` for it: on
+    Whisper's padded 30 s window (a looped or failing row encoded shorter; a partial is cut where it went wrong
+    instead), or at the next temperature (a committing row that fails Whisper's checks)."""
+    retry = rec.retry(results[i], f.own.positions, f.padded, f.attempt, c.checks, ladder=request.final)
+    if retry is None:
+        return False
+    if retry == "pad" and not request.final:
+        results[i] = _cut_overrun(rec, results[i], f.own.positions, len(request.prefix))
+        return False
+    f.tries += 1
+    if retry == "pad":  # looped, or failed the checks: decode it again as Whisper would, on 30 s
+        f.own, f.padded = encode_whole(rec, request.audio, full=True), True
+    else:
+        f.attempt += 1
+    return True
 
 
 def _cut_overrun(rec: Recognizer, result: RowResult, positions: int, prefix: int) -> RowResult:
