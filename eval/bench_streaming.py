@@ -52,6 +52,7 @@ from asr_spec import streaming
 from asr_spec.alignment import Word
 from asr_spec.audio import load_audio
 from asr_spec.clients.stream import stream_file
+from asr_spec.evaluation.data import Session, session
 from asr_spec.evaluation.provenance import provenance
 from asr_spec.models.loader import ModelOptions, load
 from asr_spec.recognizer import Recognizer
@@ -180,10 +181,16 @@ def word_latencies(log: Log, offline: list[TimedWord]) -> dict[str, list[float]]
     return out
 
 
-def missing_words(offline: list[str], committed: list[str]) -> int:
-    """Offline words with no counterpart in the finals: deleted ones, and those a shorter span replaced."""
+def missing_words(offline: list[str], committed: list[str], reference: list[str] | None = None) -> int:
+    """Offline words with no counterpart in the finals: deleted ones, and those a shorter span replaced. With the
+    human ``reference``, only offline words the reference has count: words an offline decode invented (Whisper
+    looping, or a sentence made up in a pause) are not missing when a stream does not say them."""
+    real = set(range(len(offline)))
+    if reference is not None:
+        confirm = difflib.SequenceMatcher(a=offline, b=reference, autojunk=False)
+        real = {i for b in confirm.get_matching_blocks() for i in range(b.a, b.a + b.size)}
     match = difflib.SequenceMatcher(a=offline, b=committed, autojunk=False)
-    return sum(max(0, (i2 - i1) - (j2 - j1))
+    return sum(max(0, sum(i in real for i in range(i1, i2)) - (j2 - j1))
                for tag, i1, i2, j1, j2 in match.get_opcodes() if tag in ("delete", "replace"))
 
 
@@ -237,13 +244,7 @@ class EngineProbe:
 
 
 def speech(items: list[dict], seconds: float, offset: int) -> np.ndarray:
-    parts, total, i = [], 0.0, offset
-    while total < seconds:
-        a = load_audio(DEV / items[i % len(items)]["audio"])
-        parts += [a, np.zeros(int(0.6 * 16000), np.float32)]
-        total += len(a) / 16000 + 0.6
-        i += 1
-    return np.concatenate(parts)
+    return session(items, seconds, offset, DEV).audio
 
 
 def client(url: str, audio: np.ndarray, log: Log) -> None:
@@ -286,7 +287,8 @@ def capacity(tr: Transcriber, engine: Engine, items: list[dict], n: int, seconds
     th = threading.Thread(target=lambda: asyncio.run(server.serve_forever(ready)), daemon=True)
     th.start()
     ready.wait(30)
-    audios = [speech(items, seconds, 7 * i) for i in range(n)]
+    sessions = [session(items, seconds, 7 * i, DEV) for i in range(n)]
+    audios = [s.audio for s in sessions]
     busy0, probe = engine.busy_s, EngineProbe(engine)
     rec = engine.transcriber
     calls0, passes0, ticks0 = rec.encoder_calls, rec.decoder_passes, engine.ticks
@@ -305,24 +307,36 @@ def capacity(tr: Transcriber, engine: Engine, items: list[dict], n: int, seconds
            # target-encoder forwards (retries included) and target passes per engine step that decoded
            "encoder_calls_per_tick": round((rec.encoder_calls - calls0) / ticks, 3),
            "decoder_passes_per_tick": round((rec.decoder_passes - passes0) / ticks, 3), "ticks": ticks}
-    return row | session_words(tr, audios, logs)
+    return row | session_words(tr, sessions, logs)
 
 
-def session_words(tr: Transcriber, audios: list[np.ndarray], logs: list[Log]) -> dict:
-    """Latencies (both yardsticks), words missing against the offline transcript, and how long after its audio
-    ended the last session was closed."""
+def offline_words(tr: Transcriber, s: Session) -> list[TimedWord]:
+    """The session's offline transcript, utterance by utterance (data.py says why), its words timed in the session."""
+    out = []
+    for start, audio in s.pieces:
+        segments = tr.transcribe(audio, TranscribeOptions(language="en", word_timestamps=True)).segments
+        out += [TimedWord(w.word, w.end + start, w.end_linear + start) for w in timed_words(segments)]
+    return out
+
+
+def session_words(tr: Transcriber, sessions: list[Session], logs: list[Log]) -> dict:
+    """Latencies (both yardsticks), words missing against the offline transcript (those the reference has too; and
+    those the offline decode invented, apart), and how long after its audio ended the last session was closed."""
     lat: dict[str, list[float]] = {}
-    offline_total = missing = 0
+    offline_total = missing = invented = 0
     lag = []
-    for a, log in zip(audios, logs):
-        offline = timed_words(tr.transcribe(a, TranscribeOptions(language="en", word_timestamps=True)).segments)
+    for s, log in zip(sessions, logs):
+        a, offline = s.audio, offline_words(tr, s)
         for key, xs in word_latencies(log, offline).items():
             lat.setdefault(key, []).extend(xs)
         offline_total += len(offline)
-        missing += missing_words([w.word for w in offline], streamed_words(log)[0])
+        said, heard = streamed_words(log)[0], [w.word for w in offline]
+        real = missing_words(heard, said, words(" ".join(s.texts)))
+        missing, invented = missing + real, invented + missing_words(heard, said) - real
         closed = [t for t, e in log if e["type"] == "closed"]
         lag.append(closed[-1] - len(a) / 16000 if closed else float("nan"))
-    out = {"words": len(lat.get("final_latency", [])), "words_offline": offline_total, "words_missing": missing}
+    out = {"words": len(lat.get("final_latency", [])), "words_offline": offline_total, "words_missing": missing,
+           "offline_words_not_streamed_nor_in_the_reference": invented}
     for key, xs in lat.items():
         out |= {f"{key}_median_s": pct(xs, 0.5), f"{key}_p90_s": pct(xs, 0.9)}
     return out | {"close_lag_max_s": round(max(lag), 2)}

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asr_spec.audio import load_audio
+from asr_spec.evaluation.data import manifest, session
 from asr_spec.evaluation.provenance import provenance
 from asr_spec.models.loader import load_target
 from asr_spec.models.tiny import save_tiny
@@ -28,19 +28,7 @@ from asr_spec.recognizer import Recognizer
 from asr_spec.server.settings import ServeSettings
 from asr_spec.streaming.engine import Engine
 
-DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
 CHUNK_S = 0.5
-
-
-def speech(items: list[dict], seconds: float, offset: int) -> np.ndarray:
-    """Dev utterances from ``offset`` on, back to back with 0.6 s pauses, at least ``seconds`` long."""
-    parts, total, i = [], 0.0, offset
-    while total < seconds:
-        a = load_audio(DEV / items[i % len(items)]["audio"])
-        parts += [a, np.zeros(int(0.6 * 16000), np.float32)]
-        total += len(a) / 16000 + 0.6
-        i += 1
-    return np.concatenate(parts)[: int(seconds * 16000)]
 
 
 def run(engine: Engine, audios: list[np.ndarray]) -> float:
@@ -71,16 +59,16 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    items = [json.loads(line) for line in (DEV / "manifest.jsonl").read_text().splitlines()]
+    items = manifest()
     settings = ServeSettings()
     with tempfile.TemporaryDirectory() as tmp:  # at serve's compute type (auto: measured for this model here)
         target = load_target(str(save_tiny(Path(tmp) / "tiny", seed=0)), compute_type=settings.compute_type)
     rows = []
     for n in (int(x) for x in args.sessions.split(",") if x):
         engine = Engine(Recognizer(target), settings.engine_config())
-        run(engine, [speech(items, 3.0, 0)])  # warm-up
+        run(engine, [session(items, 3.0, 0).audio])  # warm-up
         engine = Engine(Recognizer(target), settings.engine_config())
-        audios = [speech(items, args.seconds, 5 * i) for i in range(n)]
+        audios = [session(items, args.seconds, 5 * i).audio for i in range(n)]
         wall = run(engine, audios)
         audio_s = sum(len(a) for a in audios) / 16000
         row = {"sessions": n, "audio_seconds": round(audio_s, 1), "wall_seconds": round(wall, 2),

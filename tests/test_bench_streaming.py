@@ -114,3 +114,13 @@ def test_engine_probe_splits_the_inference_threads_time(bench):
     assert probe.idle_due_s == pytest.approx(0.06, abs=0.02)
     assert probe.idle_s == pytest.approx(0.08, abs=0.02)
     assert probe.inside_s == pytest.approx(0.08, abs=0.02)
+
+
+def test_words_an_offline_decode_invented_are_not_missing_from_a_stream(bench):
+    """The offline reference's own inventions (a loop, a sentence made up in a pause) are not counted as missing when
+    the stream does not say them; real words it drops still are."""
+    offline = "printing in the only sense are imaginable to this fabric".split()
+    reference = "printing in the only sense".split()
+    assert bench.missing_words(offline, "printing in the only sense".split()) == 5  # against the offline text
+    assert bench.missing_words(offline, "printing in the only sense".split(), reference) == 0
+    assert bench.missing_words(offline, "printing in the".split(), reference) == 2  # "only sense" dropped
