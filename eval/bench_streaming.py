@@ -355,6 +355,8 @@ def parse_args() -> argparse.Namespace:
                     help=f"as serve's --commit-policy (default {SERVE.commit_policy}, serve's)")
     ap.add_argument("--limit", type=int, default=0, help="dev utterances for the WER part (0 = all)")
     ap.add_argument("--skip-wer", action="store_true")
+    ap.add_argument("--alignment", default=SERVE.alignment, choices=("pass", "decode"),
+                    help=f"as serve's --alignment (default {SERVE.alignment}, serve's)")
     ap.add_argument("--compare-hints", action="store_true",
                     help="stream the long-form talk again without draft hints, to show what the hints save")
     ap.add_argument("--encoder-windows", default=WINDOWS[0],
@@ -374,7 +376,8 @@ def wer_part(tr: Transcriber, items: list[dict], args: argparse.Namespace) -> di
     long_items = [json.loads(x) for x in (DEV / "longform" / "manifest.jsonl").read_text().splitlines()]
     for win in args.encoder_windows.split(","):
         # a fixed step: the load step follows the machine's speed, which would make the text depend on it
-        config = replace(SERVE.engine_config(), encoder_window=win, max_step_s=0.0)
+        config = replace(SERVE.model_copy(update={"alignment": args.alignment}).engine_config(), encoder_window=win,
+                         max_step_s=0.0)
         tag = "" if win == WINDOWS[0] else f"_{win}_window"
         results["wer_dev" + tag] = streaming_wer(tr, dev, DEV, args.step, args.policy, config=config)
         print("dev", win, results["wer_dev" + tag], flush=True)
@@ -441,15 +444,14 @@ def main() -> None:
     tr = Transcriber(target, draft)
     items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
     results: dict = {"provenance": provenance(args.threads, args.device), "step_s": args.step, "max_step_s": args.max_step,
-                     "policy": args.policy, "encoder_windows": args.encoder_windows,
+                     "policy": args.policy, "encoder_windows": args.encoder_windows, "alignment": args.alignment,
                      "threads": args.threads, "compute_type": target.precision.name}
     if not args.skip_wer:
         results |= wer_part(tr, items, args)
     results["capacity"] = []
     for n in (int(x) for x in args.sessions.split(",") if x):
-        row = capacity(tr, serve_engine(target, draft, serve.model_copy(update={"max_step": args.max_step})), items, n,
-                       args.seconds,
-                       args.step, args.policy)
+        settings = serve.model_copy(update={"max_step": args.max_step, "alignment": args.alignment})
+        row = capacity(tr, serve_engine(target, draft, settings), items, n, args.seconds, args.step, args.policy)
         print(row, flush=True)
         results["capacity"].append(row)
     results["largest_real_time_sessions"] = largest_real_time(results["capacity"])

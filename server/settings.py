@@ -55,6 +55,10 @@ class ServeSettings(BaseSettings):
     max_step: float = Field(MAX_STEP_S, ge=0, description=(
         "let the step grow with the load up to this many seconds (the engine's recent step time / 0.7; 0: a fixed "
         "step)"))
+    alignment: Literal["pass", "decode"] = Field("pass", description=(
+        "where AlignAtt's word times come from: pass (a pass of the target over the decoded text after each decode, "
+        "Whisper's word alignment) or decode (the cross-attention the decode recorded as it chose each token: no "
+        "extra pass)"))
     commit_policy: Literal[POLICIES] = Field(POLICIES[0], description=(
         "what a re-decode commits: alignatt (after one decode, the words the audio already supports and the model "
         "is sure of) or local-agreement (what two decodes in a row agree on: slower, and a worse WER at the same "
@@ -133,7 +137,7 @@ class ServeSettings(BaseSettings):
         """The streaming engine's configuration (the batch, the load step; the rest at the engine's defaults)."""
         from ..streaming.config import EngineConfig
 
-        return EngineConfig(max_batch=self.batch(), max_step_s=self.max_step)
+        return EngineConfig(max_batch=self.batch(), max_step_s=self.max_step, alignment=self.alignment)
 
     def server_config(self, api_keys: tuple[str, ...]) -> ServerConfig:
         from .config import ServerConfig
@@ -160,6 +164,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             kw.update(choices=COMPUTE_TYPES, metavar="TYPE")
         elif name == "commit_policy":
             kw["choices"] = POLICIES
+        elif name == "alignment":
+            kw["choices"] = ("pass", "decode")
         else:
             kw["type"] = field.annotation if field.annotation in (int, float) else str
         parser.add_argument(flag, **kw)
