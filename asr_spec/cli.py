@@ -63,7 +63,8 @@ def _load_models(args: argparse.Namespace):
 
 def _load(options):
     """(target, draft or None) as ``options`` (ModelOptions) say, or None after printing the error."""
-    from .models.loader import ModelError, load
+    from .models.loader import load
+    from .models.sources import ModelError
 
     t0 = time.perf_counter()
     try:
@@ -398,7 +399,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
 
     from .distill.card import write_card
     from .distill.train import DistillOptions, distill
-    from .models.loader import ModelError
+    from .models.sources import ModelError
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -96,6 +96,17 @@ def budget_table(doc: dict) -> str:
     return md_table(head, rows)
 
 
+def host_table(doc: dict) -> str:
+    """eval/host_ceiling.py before and after: engine seconds per second of audio with the tiny model."""
+    head = ["sessions", "before: engine s per audio s", "after: engine s per audio s", "after / before"]
+    after = {r["sessions"]: r for r in doc["after"]}
+    rows = [[r["sessions"], f"{r['engine_seconds_per_audio_second']:.4f}",
+             f"{after[r['sessions']]['engine_seconds_per_audio_second']:.4f}",
+             times(after[r["sessions"]]["engine_seconds_per_audio_second"] / r["engine_seconds_per_audio_second"])]
+            for r in doc["before"] if r["sessions"] in after]
+    return md_table(head, rows)
+
+
 def projection_table(doc: dict) -> str:
     """eval/project_large.py: per compute type, the measured costs of the large shapes and the projected speed-up."""
     head = ["compute type", "target step ms", "verify 4 tokens ms (x step)", "draft step ms (x step)",
@@ -125,11 +136,13 @@ def wer_table(doc: dict) -> str:
 def capacity_table(doc: dict) -> str:
     """eval/bench_streaming.py's capacity part: one row per number of simultaneous sessions."""
     head = ["real-time sessions", "RTF (engine busy / stream)", "partial latency median / p90 s",
-            "final latency median / p90 s", "words", "words missing / offline", "close lag max s"]
+            "final latency median / p90 s", "words", "words missing / offline", "close lag max s",
+            "encoder calls / decoder passes per tick"]
     rows = [[r["sessions"], r["rtf"], f"{num(r['partial_latency_median_s'])} / {num(r['partial_latency_p90_s'])}",
              f"{num(r['final_latency_median_s'])} / {num(r['final_latency_p90_s'])}", r["words"],
-             f"{r['words_missing']} / {r['words_offline']}" if "words_missing" in r else "—", r["close_lag_max_s"]]
-            for r in doc["capacity"]]
+             f"{r['words_missing']} / {r['words_offline']}" if "words_missing" in r else "—", r["close_lag_max_s"],
+             f"{num(r['encoder_calls_per_tick'])} / {num(r['decoder_passes_per_tick'])}"
+             if "encoder_calls_per_tick" in r else "—"] for r in doc["capacity"]]
     return md_table(head, rows)
 
 
@@ -208,7 +221,7 @@ def capacity_plot(doc: dict, title: str) -> Figure:
 
 KINDS: dict[str, tuple[Callable[..., str], Callable[[dict, str], Figure] | None]] = {
     "eval": (eval_table, eval_plot), "steps": (steps_table, steps_plot), "budget": (budget_table, None),
-    "projection": (projection_table, None),
+    "projection": (projection_table, None), "host": (host_table, None),
     "streaming-wer": (wer_table, None),
     "streaming-capacity": (capacity_table, capacity_plot), "live-uploads": (live_table, None),
     "word-timestamps": (word_table, None), "ray": (ray_table, None)}

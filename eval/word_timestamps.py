@@ -23,7 +23,8 @@ import torch
 
 from asr_spec.audio import load_audio
 from asr_spec.evaluation.provenance import provenance
-from asr_spec.models.loader import default_draft, embedded_ct2_dir, load_draft, load_target
+from asr_spec.models.loader import default_draft, load_draft, load_target
+from asr_spec.models.sources import embedded_ct2_dir
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 

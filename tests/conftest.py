@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr_spec.models.loader import embedded_dir, load_target
+from asr_spec.models.loader import load_target
+from asr_spec.models.sources import embedded_dir
 from asr_spec.models.tiny import save_tiny
 
 DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"

