@@ -1,6 +1,6 @@
 """The host ceiling of the live engine: what N streams cost the machine around the model, with a negligible model.
 
-    python eval/host_ceiling.py [--sessions 16,64,256] [--seconds 20] [--threads 2] [--out FILE.json]
+    python eval/host_ceiling.py [--sessions 16,64,256] [--seconds 20] [--threads 2] [--device cuda] [--out FILE.json]
 
 A tiny random Whisper (asr_spec.models.tiny: 2 decoder layers of width 32, no draft) serves N streams of dev speech
 in-process, fed 0.5 s at a time as fast as the engine takes them (no pacing, no server), with serve's compute type
@@ -56,13 +56,14 @@ def main() -> None:
     ap.add_argument("--sessions", default="16,64,256")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="torch device, as serve's --device (cuda: serve's CUDA defaults)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     items = manifest()
-    settings = ServeSettings()
+    settings = ServeSettings(device=args.device)
     with tempfile.TemporaryDirectory() as tmp:  # at serve's compute type (auto: measured for this model here)
-        target = load_target(str(save_tiny(Path(tmp) / "tiny", seed=0)), compute_type=settings.compute_type)
+        target = load_target(str(save_tiny(Path(tmp) / "tiny", seed=0)), args.device, settings.compute_type)
     rows = []
     for n in (int(x) for x in args.sessions.split(",") if x):
         engine = Engine(Recognizer(target), settings.engine_config())
@@ -78,7 +79,7 @@ def main() -> None:
         print(row, flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"provenance": provenance(args.threads), "seconds": args.seconds,
+        args.out.write_text(json.dumps({"provenance": provenance(args.threads, args.device), "seconds": args.seconds,
                                         "chunk_s": CHUNK_S, "rows": rows}, indent=1))
 
 

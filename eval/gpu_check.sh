@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The GPU checks of issues 39 and 40 as one prepared script, for a lent GPU machine (docs/development.md, "On a lent
+# GPU"): exactness by pass and row count, the dev set target-only vs speculative at float16 (batch 1 and 8), the pass
+# budget, the live engine at 16 and 64 sessions, the host ceiling. Each step has its own deadline and leaves its
+# results in $OUT as soon as it ends, so a run cut short still returns what it did.
+#
+#   GPU_DATA=/tmp/gpu OUT=/tmp/out bash eval/gpu_check.sh          # on the GPU machine
+#   DEVICE=cpu QUICK=1 OUT=/tmp/out GPU_DATA=.gpu bash eval/gpu_check.sh   # here, a dry run of every command
+#
+# $GPU_DATA holds model.tar's parts (part_*, model.sha: the embedded whisper-base as float16, lossless), whl/ (the
+# pure-Python and manylinux wheels the image lacks) and dev/ (the dev set as FLAC with its manifest).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DEVICE=${DEVICE:-cuda}
+TYPE=${TYPE:-$([ "$DEVICE" = cpu ] && echo float32 || echo float16)}
+THREADS=${THREADS:-8}
+DATA=$(cd "${GPU_DATA:-/tmp/gpu}" && pwd)
+OUT=${OUT:?set OUT}
+REPO=$PWD
+WORK=$(mktemp -d)
+log() { echo "== $(date -u +%T) $*"; }
+step() { local secs=$1; shift; log "$*"; timeout "$secs" "$@"; local rc=$?; log "rc=$rc"; return 0; }
+
+if [ "$DEVICE" != cpu ]; then
+  log setup
+  if [ ! -f "$HOME/.cache/asr_spec/whisper-base/model.safetensors" ]; then
+    (cd "$DATA" && cat part_* > model.tar && sha256sum -c model.sha && mkdir -p "$HOME/.cache/asr_spec" \
+      && tar xf model.tar -C "$HOME/.cache/asr_spec" && mv "$HOME/.cache/asr_spec/model" "$HOME/.cache/asr_spec/whisper-base" \
+      && rm model.tar) || exit 3
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$DATA"/whl/*.whl \
+    || exit 4
+  export PYTHONPATH=/tmp/site
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site "$REPO" || exit 5
+  nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+fi
+PY="python3"
+[ "$DEVICE" = cpu ] && PY="python"
+MANIFEST=$DATA/dev/manifest.jsonl
+export ASR_SPEC_DEV=$DATA/dev PYTHONUNBUFFERED=1
+if [ -n "${QUICK:-}" ]; then LIMIT="--limit 2"; FILES=2; SESS=2; SECS=5; HOST=4; else LIMIT=""; FILES=16; SESS=16,64; SECS=30; HOST=16,64; fi
+
+step 45 $PY eval/exact_rows.py --device "$DEVICE" --compute-type "$TYPE",bfloat16,int8 > "$OUT/exact-rows.txt" 2>&1
+(cd "$WORK" && step 130 $PY -m asr_spec eval --manifest "$MANIFEST" $LIMIT --device "$DEVICE" --compute-type "$TYPE" \
+  --systems target,spec,spec-adaptive --batch-size 1,8 --threads "$THREADS" --out "$WORK/eval")
+cp "$WORK/eval/results.json" "$OUT/eval-$TYPE.json" 2>/dev/null
+step 180 $PY eval/bench_streaming.py --device "$DEVICE" --compute-type "$TYPE" --seconds "$SECS" --skip-wer \
+  --sessions "$SESS" --threads "$THREADS" --out "$WORK/streaming"
+cp "$WORK/streaming/results.json" "$OUT/streaming.json" 2>/dev/null
+step 60 $PY eval/pass_budget.py --device "$DEVICE" --compute-type "$TYPE" --files "$FILES" --systems target,spec \
+  --threads "$THREADS" --manifest "$MANIFEST" --out "$OUT/pass-budget.json"
+step 70 $PY eval/host_ceiling.py --device "$DEVICE" --sessions "$HOST" --seconds 20 --threads "$THREADS" \
+  --out "$OUT/host-ceiling.json"
+log done
