@@ -52,7 +52,7 @@ from asr_spec import streaming
 from asr_spec.alignment import Word
 from asr_spec.audio import load_audio
 from asr_spec.clients.stream import stream_file
-from asr_spec.evaluation.data import Session, session
+from asr_spec.evaluation.data import Session, session, dev_dir
 from asr_spec.evaluation.provenance import provenance
 from asr_spec.models.loader import ModelOptions, load
 from asr_spec.recognizer import Recognizer
@@ -66,7 +66,7 @@ from asr_spec.streaming.config import StreamConfig
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 ROOT = Path(__file__).resolve().parents[1]
-DEV = ROOT.parent / "shared" / "data" / "dev"
+DEV = dev_dir()
 SERVE = ServeSettings()  # serve's own settings (its defaults, or ASR_SPEC_* as serve would read them)
 MAX_FINAL_LATENCY_S = 3.0  # the capacity bar: real time with final latency median at most this
 normalize = EnglishTextNormalizer()

@@ -57,11 +57,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="torch device, as serve's --device (cuda: serve's CUDA defaults)")
+    ap.add_argument("--compute-type", default=None, help="default: serve's (auto)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     items = manifest()
-    settings = ServeSettings(device=args.device)
+    settings = ServeSettings(device=args.device, compute_type=args.compute_type or ServeSettings().compute_type)
     with tempfile.TemporaryDirectory() as tmp:  # at serve's compute type (auto: measured for this model here)
         target = load_target(str(save_tiny(Path(tmp) / "tiny", seed=0)), args.device, settings.compute_type)
     rows = []

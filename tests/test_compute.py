@@ -256,3 +256,24 @@ def test_auto_measures_each_native_type_once_and_keeps_the_fastest(tiny_dir, tmp
     path.write_text(json.dumps(kept | {"chosen": other}))
     target = load_target(str(tiny_dir), compute_type="auto")
     assert target.precision.name == other and target.name.endswith(f"({other}, auto)")
+
+
+def test_auto_skips_a_type_whose_kernels_refuse_to_run_and_says_so(tmp_path, capsys):
+    """A type the device lists as native but whose kernels refuse the model's shapes (cuBLAS's int8 matmul on the
+    tiny model's width 32, seen on an H100) is left out of auto's choice with its reason, not a crash; when no type
+    runs, auto says so."""
+    import json
+
+    from asr_spec.models import auto
+
+    def measure(c: str) -> float:
+        if c.startswith("int8"):
+            raise RuntimeError("CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul")
+        return {"float16": 0.2, "bfloat16": 0.1}[c]
+
+    chosen = auto.measured_type("gpu", ["float16", "bfloat16", "int8_float16"], measure, tmp_path)
+    kept = json.loads(next((tmp_path / "auto").glob("*.json")).read_text())
+    assert chosen == "bfloat16" and "CUBLAS_STATUS_NOT_SUPPORTED" in kept["failed"]["int8_float16"]
+    assert "int8_float16 does not run here" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="no type runs here"):
+        auto.measured_type("none", ["int8_float16"], measure, tmp_path)

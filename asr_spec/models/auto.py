@@ -94,13 +94,21 @@ def measured_type(key: str, candidates: list[str], measure: Callable[[str], floa
         except (OSError, ValueError):
             pass  # unreadable: measured again
     print(f"compute type auto: measuring {', '.join(candidates)} on {key} (once; kept in {path})", file=sys.stderr)
-    seconds = {c: round(measure(c), 4) for c in candidates}
+    seconds, failed = {}, {}
+    for c in candidates:
+        try:
+            seconds[c] = round(measure(c), 4)
+        except RuntimeError as e:  # e.g. a library's int8 kernel refuses these shapes (cuBLAS, a tiny test model)
+            failed[c] = str(e).splitlines()[0][:200]
+            print(f"compute type auto: {c} does not run here ({failed[c]})", file=sys.stderr)
+    if not seconds:
+        raise RuntimeError(f"compute type auto: no type runs here: {failed}")
     chosen = min(seconds, key=seconds.__getitem__)
     print("compute type auto = " + chosen + ": seconds per window " +
           ", ".join(f"{c} {s:.3f}" for c, s in sorted(seconds.items(), key=lambda kv: kv[1])), file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"key": key, "candidates": candidates, "seconds": seconds, "chosen": chosen,
+    tmp.write_text(json.dumps({"key": key, "candidates": candidates, "seconds": seconds, "failed": failed, "chosen": chosen,
                                "passes": PASSES, "k": K, "torch": torch.__version__}, indent=1))
     tmp.replace(path)
     return chosen
