@@ -4,7 +4,9 @@ endpoints (openai_api.py).
 
 One :class:`~asr_spec.streaming.engine.Engine` (one model) serves every session. Its inference thread decodes
 whichever streams are due, batched, off the event loop; events go back to each session's queue. The sessions' audio
-decoding and engine calls run in a pool of session threads, also off the event loop (session.py).
+decoding and engine calls run in a pool of session threads, also off the event loop (session.py). What the sessions
+and the upload endpoints use of the server (the engine, the pool, the metrics, the session registry) is one
+:class:`~asr_spec.server.shared.Shared` that the server builds and hands them: they never import this module.
 """
 from __future__ import annotations
 
