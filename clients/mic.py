@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from ..audio import SAMPLE_RATE as RATE
+from asr_spec.audio import SAMPLE_RATE as RATE
 
 BLOCK = RATE // 10  # 100 ms blocks
 DIM, RESET, CLEAR = "\033[2m", "\033[0m", "\r\033[K"
@@ -68,7 +68,7 @@ class FileSource:
     """A stand-in microphone: a file replayed at real time (tests, demos without a sound card)."""
 
     def __init__(self, path: str):
-        from ..audio import load_audio
+        from asr_spec.audio import load_audio
 
         self.audio = load_audio(path)
         self.blocks: queue.Queue = queue.Queue()
@@ -136,7 +136,7 @@ class LiveLine:
 
 def run_remote(url: str, source, display: LiveLine, language: str | None, api_key: str | None,
                policy: str | None = None) -> None:
-    from .stream import connect_session
+    from asr_spec.clients.stream import connect_session
 
     with connect_session(url, api_key) as ws:
         start = {"type": "start", "sample_rate": RATE, "encoding": "f32le", "channels": 1, "language": language}
@@ -167,7 +167,7 @@ def run_remote(url: str, source, display: LiveLine, language: str | None, api_ke
 
 
 def run_local(engine, source, display: LiveLine, language: str | None, policy: str | None = None) -> None:
-    from ..streaming.config import StreamConfig
+    from asr_spec.streaming.config import StreamConfig
 
     sid = engine.open(StreamConfig(language=language, **({"policy": policy} if policy else {})))
     try:

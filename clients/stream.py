@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from ..audio import SAMPLE_RATE
+from asr_spec.audio import SAMPLE_RATE
 
 CLOSE_WAIT_S = 180.0  # after close, the server's last events (it gives up on a flush after 120 s)
 FRAME_S = 0.1

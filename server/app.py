@@ -4,7 +4,9 @@ endpoints (openai_api.py).
 
 One :class:`~asr_spec.streaming.engine.Engine` (one model) serves every session. Its inference thread decodes
 whichever streams are due, batched, off the event loop; events go back to each session's queue. The sessions' audio
-decoding and engine calls run in a pool of session threads, also off the event loop (session.py).
+decoding and engine calls run in a pool of session threads, also off the event loop (session.py). What the sessions
+and the upload endpoints use of the server (the engine, the pool, the metrics, the session registry) is one
+:class:`~asr_spec.server.shared.Shared` that the server builds and hands them: they never import this module.
 """
 from __future__ import annotations
 
@@ -14,33 +16,31 @@ import signal
 import socket
 import threading
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Callable
 from pathlib import Path
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import HTTPConnection, Request
+from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
-from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
-from ..models.loader import Draft, Whisper
-from ..recognizer import Recognizer
-from ..streaming.engine import Engine
-from ..transcribe import TranscribeOptions, Transcriber
-from .asgi import HeadTimeout, MethodGuard, Uvicorn, WebSockets
-from .config import ServerConfig, install_log_redaction, match_key
-from .files import FileWorker
-from .metrics import Metrics
-from .openai_api import PATHS, transcription
-from .protocol import ProtocolError
-from .realtime import RealtimeSession
-from .session import Session, StreamSession
-from .settings import ServeSettings
+from asr_spec.models.loader import Draft, Whisper
+from asr_spec.recognizer import Recognizer
+from asr_spec.server.asgi import HeadTimeout, MethodGuard, Uvicorn, WebSockets
+from asr_spec.server.config import ServerConfig, install_log_redaction
+from asr_spec.server.files import FileWorker
+from asr_spec.server.openai_api import PATHS, transcription
+from asr_spec.server.protocol import ProtocolError
+from asr_spec.server.realtime import RealtimeSession
+from asr_spec.server.session import Session, StreamSession
+from asr_spec.server.settings import ServeSettings
+from asr_spec.server.shared import Shared
+from asr_spec.streaming.engine import Engine
+from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 log = logging.getLogger("asr_spec.serve")
 STATIC = Path(__file__).parent / "static"
@@ -52,18 +52,12 @@ UNAUTHORIZED = "missing or wrong API key (Authorization: Bearer KEY, or ?api_key
 class Server:
     def __init__(self, engine: Engine, config: ServerConfig = ServerConfig(), files: FileWorker | None = None):
         self.engine, self.config, self.files = engine, config, files
+        self.shared = Shared(engine, config, files)  # what the sessions and the upload endpoints use
         self._live = threading.Event()  # set while live streams are due: uploads wait for them (FileWorker)
         if files is not None:
             files.live = self._live.is_set
-        self.sessions: dict[int, Session] = {}  # started sessions by stream id
-        self.connections: dict[WebSocket, Session] = {}
+        self.connections: dict[WebSocket, StreamSession] = {}
         self.clients: Counter[tuple[str, str]] = Counter()  # open connections per ("address" | "key", value)
-        self.metrics = Metrics()
-        # each session runs one call at a time here (its reader's), plus one at its close or the shutdown's drain
-        self.pool = ThreadPoolExecutor(max_workers=2 * config.max_sessions + 2, thread_name_prefix="asr_spec-session")
-        self.languages = set(engine.transcriber.vocab.languages) or None
-        self.language_names = {code: LANGUAGES.get(code, code) for code in self.languages} if self.languages else None
-        self._wake = threading.Event()
         self._stop = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._done: asyncio.Future | None = None
@@ -73,7 +67,7 @@ class Server:
                   Route("/", self.page), Mount("/static", StaticFiles(directory=STATIC)),
                   WebSocketRoute("/", self.websocket),
                   WebSocketRoute("/v1/realtime", partial(self.websocket, kind=RealtimeSession)),  # realtime.py
-                  *(Route(path, transcription(self, task), methods=["POST"]) for path, task in PATHS.items())]
+                  *(Route(path, transcription(self.shared, task), methods=["POST"]) for path, task in PATHS.items())]
         self.app = MethodGuard(Starlette(routes=routes), PATHS)
         self._worker: threading.Thread | None = None
 
@@ -88,11 +82,11 @@ class Server:
 
     # --- inference thread -----------------------------------------------------------------------------
     def _infer(self) -> None:
+        shared = self.shared
         while not self._stop.is_set():
             if not self.engine.poll():
                 self._live.clear()
-                self._wake.wait(0.02)
-                self._wake.clear()
+                shared.sleep(0.02)
                 continue
             self._live.set()
             try:
@@ -100,30 +94,14 @@ class Server:
             except Exception:  # never let one bad decode kill the server
                 log.exception("decode failed")
                 continue
-            self.metrics.decoded(self.engine)
+            shared.metrics.decoded(self.engine)
             for sid, events in out.items():
-                self.metrics.events(events)
-                if (session := self.sessions.get(sid)) is not None and self.loop is not None:
+                shared.metrics.events(events)
+                if (session := shared.sessions.get(sid)) is not None and self.loop is not None:
                     try:
                         self.loop.call_soon_threadsafe(session.deliver, sid, events, self.engine.flushes(sid))
                     except RuntimeError:  # the loop closed meanwhile: the server is shutting down
                         return
-
-    def wake(self) -> None:
-        """Tell the inference thread that a stream may be due (new audio, a flush)."""
-        self._wake.set()
-
-    # --- auth -----------------------------------------------------------------------------------------
-    def key_of(self, conn: HTTPConnection) -> str | None:
-        """The API key this request presents, when it is one of the server's ("" when none is needed); None
-        when it is missing or wrong. ``Authorization: Bearer KEY``, or ``?api_key=KEY`` (browsers cannot set
-        headers on a WebSocket)."""
-        if not self.config.api_keys:
-            return ""
-        auths = conn.headers.getlist("authorization")
-        auth = auths[0] if len(auths) == 1 else ""  # two Authorization headers: neither counts
-        token = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
-        return match_key(self.config.api_keys, token or conn.query_params.get("api_key", ""))
 
     # --- HTTP -----------------------------------------------------------------------------------------
     def unready(self) -> str | None:
@@ -154,11 +132,12 @@ class Server:
         return PlainTextResponse("ok\n")
 
     async def metrics_page(self, request: Request) -> Response:
-        if self.key_of(request) is None:
+        shared = self.shared
+        if shared.key_of(request) is None:
             return unauthorized()
         if request.query_params.get("format") == "json":
-            return JSONResponse(await asyncio.to_thread(self.metrics.snapshot, self.engine, len(self.sessions)))
-        body, content_type = await asyncio.to_thread(self.metrics.scrape, self.engine, len(self.sessions),
+            return JSONResponse(await asyncio.to_thread(shared.metrics.snapshot, self.engine, len(shared.sessions)))
+        body, content_type = await asyncio.to_thread(shared.metrics.scrape, self.engine, len(shared.sessions),
                                                      request.headers.get("accept"))
         return Response(body, headers={"Content-Type": content_type})
 
@@ -167,11 +146,11 @@ class Server:
 
     # --- WebSocket sessions ---------------------------------------------------------------------------
     async def websocket(self, ws: WebSocket, kind: type[StreamSession] = Session) -> None:
-        session = kind(self, ws)  # the native protocol's, or OpenAI Realtime's (realtime.py)
+        session = kind(self.shared, ws)  # the native protocol's, or OpenAI Realtime's (realtime.py)
         if (key := session.authorize()) is None:  # one warning line: a wrong key is the client's mistake
             log.warning("refused a WebSocket handshake on %s from %s: missing or wrong API key (401)", ws.url.path,
                         ws.client.host if ws.client else "an unknown address")
-            self.metrics.refuse("unauthorized")
+            self.shared.metrics.refuse("unauthorized")
             await ws.send_denial_response(unauthorized())
             return
         await session.accept()
@@ -187,7 +166,7 @@ class Server:
                        "may hold); close one first")
         if refusal is not None or self._done is None or self._done.done():
             code, message = refusal or ("shutting_down", "the server is shutting down")
-            self.metrics.refuse(code)
+            self.shared.metrics.refuse(code)
             await session.send(session.error_event(ProtocolError(code, message)))
             await session.close(1013, "try again later")
             return
@@ -244,12 +223,12 @@ class Server:
 
     async def _stop_worker(self) -> None:
         self._stop.set()
-        self._wake.set()
+        self.shared.wake()
         if self.files is not None:
             self.files.stop()
         if self._worker is not None:
             await asyncio.to_thread(self._worker.join, SHUTDOWN_JOIN_S)
-        self.pool.shutdown(wait=False)
+        self.shared.pool.shutdown(wait=False)
         if self._worker is not None and self._worker.is_alive():
             log.warning("the inference thread is still decoding after %g s; exiting without it", SHUTDOWN_JOIN_S)
         else:

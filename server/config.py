@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..streaming.config import StreamConfig
+from asr_spec.streaming.config import StreamConfig
 
 KEY_ENV = "ASR_SPEC_API_KEY"
 

@@ -1,5 +1,6 @@
 """The file worker of ``asr_spec serve``: transcribes the OpenAI-compatible endpoints' uploads on its own thread,
-with the same engine and options as ``asr_spec transcribe``, batching requests that arrive together."""
+with the same engine and options as ``asr_spec transcribe``, batching requests that arrive together. Its refusals
+are :class:`UploadError` subclasses; the HTTP layer (openai_api.py) says them in OpenAI's error shape."""
 from __future__ import annotations
 
 import logging
@@ -7,14 +8,53 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from http import HTTPStatus
+from dataclasses import dataclass, replace
 from typing import Callable, Hashable
 
-from ..audio import AudioError
-from ..transcribe import TranscribeOptions, Transcriber
-from .openai_api import ApiError, Upload, options_for
+import numpy as np
+
+from asr_spec.audio import AudioError
+from asr_spec.recognizer import temperature_ladder
+from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 log = logging.getLogger("asr_spec.serve")
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One transcription request, validated."""
+    task: str
+    audio: np.ndarray
+    filename: str
+    model: str
+    language: str | None
+    prompt: str | None
+    temperature: float
+    response_format: str
+    words: bool  # timestamp_granularities[] includes "word"
+
+
+class UploadError(Exception):
+    """An upload the worker does not transcribe."""
+
+
+class Busy(UploadError):
+    """Too many uploads are waiting already (nothing was done: the client may try again later)."""
+
+
+class BadAudio(UploadError):
+    """The upload's audio cannot be transcribed (the transcriber's :class:`~asr_spec.audio.AudioError`)."""
+
+
+class Failed(UploadError):
+    """The transcription failed inside the server (a bug); the worker goes on."""
+
+
+def options_for(upload: Upload, base: TranscribeOptions) -> TranscribeOptions:
+    """``asr_spec transcribe``'s options for an upload (``--temperature T`` starts Whisper's ladder at T)."""
+    return replace(base, language=upload.language, task=upload.task, initial_prompt=upload.prompt,
+                   checks=replace(base.checks, temperatures=temperature_ladder(upload.temperature)),
+                   word_timestamps=upload.words)
 
 
 class FileWorker:
@@ -38,9 +78,10 @@ class FileWorker:
         self._thread.start()
 
     def submit(self, upload: Upload) -> Future:
+        """The upload's transcript, when it is done (or its :class:`BadAudio` or :class:`Failed`); raises
+        :class:`Busy` when ``max_waiting`` requests are waiting already."""
         if self._waiting.qsize() + len(self._held) >= self.max_waiting:
-            raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, f"{self.max_waiting} transcriptions are waiting already; "
-                           "try again later", code="server_busy")
+            raise Busy(f"{self.max_waiting} transcriptions are waiting already; try again later")
         future: Future = Future()
         self._waiting.put((upload, future))
         return future
@@ -91,10 +132,10 @@ class FileWorker:
                                                                     before_step=self._yield):
                     future = futures.pop(key)
                     if isinstance(result, AudioError):
-                        future.set_exception(ApiError(HTTPStatus.BAD_REQUEST, str(result), param="file"))
+                        future.set_exception(BadAudio(str(result)))
                     else:
                         future.set_result(result)
             except Exception as e:  # never let one bad batch kill the worker: its requests get a 500
                 log.exception("transcription failed")
                 for future in futures.values():
-                    future.set_exception(ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, f"transcription failed: {e}"))
+                    future.set_exception(Failed(f"transcription failed: {e}"))

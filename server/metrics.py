@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
-from ..decoding.rows import acceptance
-from ..streaming.engine import Engine
-from ..streaming.events import Event
+from asr_spec.decoding.rows import acceptance
+from asr_spec.streaming.engine import Engine
+from asr_spec.streaming.events import Event
 
 # seconds: a partial or final from ~0.1 s (a GPU, light load) to a stream far behind
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 13.0, 20.0, 30.0)

@@ -1,14 +1,14 @@
 """The OpenAI-compatible audio API of ``asr_spec serve``: ``POST /v1/audio/transcriptions`` and
 ``/v1/audio/translations`` (multipart form, OpenAI's fields and response formats, errors in OpenAI's JSON
-shape), answered by the file worker (files.py) with the same engine and options as ``asr_spec transcribe``."""
+shape), answered by the file worker (files.py) with the same engine and options as ``asr_spec transcribe``. The
+worker's refusals (:class:`~asr_spec.server.files.UploadError`) are said here as HTTP statuses and error bodies."""
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-from dataclasses import dataclass, replace
 from http import HTTPStatus
-from typing import TYPE_CHECKING, BinaryIO, Awaitable, Callable
+from typing import BinaryIO, Awaitable, Callable
 
 import numpy as np
 from starlette.datastructures import UploadFile
@@ -16,13 +16,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..audio import AudioError, AudioTooLong, decode_audio
-from ..recognizer import temperature_ladder
-from ..transcribe import TranscribeOptions, Transcript
-from ..writers import to_srt, to_vtt, word_dicts
-
-if TYPE_CHECKING:
-    from .app import Server
+from asr_spec.audio import AudioError, AudioTooLong, decode_audio
+from asr_spec.server.files import BadAudio, Busy, Failed, Upload
+from asr_spec.server.shared import Shared
+from asr_spec.transcribe import Transcript
+from asr_spec.writers import to_srt, to_vtt, word_dicts
 
 log = logging.getLogger("asr_spec.serve")
 PATHS = {"/v1/audio/transcriptions": "transcribe", "/v1/audio/translations": "translate"}
@@ -52,47 +50,46 @@ class ApiError(Exception):
         return Response(body, self.status, headers, "application/json")
 
 
-@dataclass(frozen=True)
-class Upload:
-    """One transcription request, validated."""
-    task: str
-    audio: np.ndarray
-    filename: str
-    model: str
-    language: str | None
-    prompt: str | None
-    temperature: float
-    response_format: str
-    words: bool  # timestamp_granularities[] includes "word"
-
-
-def transcription(server: Server, task: str) -> Callable[[Request], Awaitable[Response]]:
+def transcription(shared: Shared, task: str) -> Callable[[Request], Awaitable[Response]]:
     """The endpoint of one task: the uploaded file transcribed by the file worker, in the requested format;
     every refusal in OpenAI's error shape."""
 
     async def endpoint(request: Request) -> Response:
         try:
-            upload = await _receive(server, request, task)
-            transcript = await asyncio.wrap_future(server.files.submit(upload))
-            server.metrics.uploads.labels("transcribed", "200").inc()
-            return Response(*render(upload, transcript, server.language_names or {}))
+            upload = await _receive(shared, request, task)
+            transcript = await _transcribe(shared, upload)
+            shared.metrics.uploads.labels("transcribed", "200").inc()
+            return Response(*render(upload, transcript, shared.language_names or {}))
         except ApiError as e:
-            server.metrics.uploads.labels("refused", str(e.status.value)).inc()
+            shared.metrics.uploads.labels("refused", str(e.status.value)).inc()
             return e.response()
         except Exception as e:  # noqa: BLE001 - the client gets a 500, the server goes on
             log.exception("transcription request failed")
-            server.metrics.uploads.labels("failed", "500").inc()
+            shared.metrics.uploads.labels("failed", "500").inc()
             return ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {type(e).__name__}").response()
 
     return endpoint
 
 
-async def _receive(server: Server, request: Request, task: str) -> Upload:
-    c = server.config
-    if server.key_of(request) is None:
+async def _transcribe(shared: Shared, upload: Upload) -> Transcript:
+    """The file worker's transcript of an upload; its refusals as the API's errors."""
+    assert shared.files is not None, "a server without a file worker refuses uploads (_receive)"
+    try:
+        return await asyncio.wrap_future(shared.files.submit(upload))
+    except Busy as e:
+        raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, str(e), code="server_busy") from None
+    except BadAudio as e:
+        raise ApiError(HTTPStatus.BAD_REQUEST, str(e), param="file") from None
+    except Failed as e:
+        raise ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, str(e)) from None
+
+
+async def _receive(shared: Shared, request: Request, task: str) -> Upload:
+    c = shared.config
+    if shared.key_of(request) is None:
         raise ApiError(HTTPStatus.UNAUTHORIZED, "missing or wrong API key (Authorization: Bearer KEY)",
                        code="invalid_api_key")
-    if server.files is None:
+    if shared.files is None:
         raise ApiError(HTTPStatus.NOT_FOUND, "this server does not transcribe files", code="not_found")
     length = request.headers.get("content-length", "")
     if not length.isdigit() or "transfer-encoding" in request.headers:
@@ -122,7 +119,7 @@ async def _receive(server: Server, request: Request, task: str) -> Upload:
                 files.setdefault(name, []).append(value)
             else:
                 fields.setdefault(name, []).append(value)
-        return await asyncio.to_thread(parse_upload, task, fields, files, server.language_names, c.max_upload_s)
+        return await asyncio.to_thread(parse_upload, task, fields, files, shared.language_names, c.max_upload_s)
     finally:
         await form.close()
 
@@ -200,13 +197,6 @@ def decode_upload(filename: str, file: BinaryIO, max_seconds: float) -> np.ndarr
         raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, str(e)[:300], param="file", code="audio_too_long") from None
     except AudioError as e:
         raise ApiError(HTTPStatus.BAD_REQUEST, str(e)[:300], param="file", code="invalid_audio") from None
-
-
-def options_for(upload: Upload, base: TranscribeOptions) -> TranscribeOptions:
-    """``asr_spec transcribe``'s options for an upload (``--temperature T`` starts Whisper's ladder at T)."""
-    return replace(base, language=upload.language, task=upload.task, initial_prompt=upload.prompt,
-                   checks=replace(base.checks, temperatures=temperature_ladder(upload.temperature)),
-                   word_timestamps=upload.words)
 
 
 def render(upload: Upload, t: Transcript, language_names: dict[str, str]) -> tuple[str, int, None, str]:

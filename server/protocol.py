@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import soxr
 
-from ..audio import SAMPLE_RATE
-from ..streaming import POLICIES
+from asr_spec.audio import SAMPLE_RATE
+from asr_spec.streaming import POLICIES
 
 ENCODINGS = {"pcm_s16le": (np.dtype("<i2"), 32768.0), "f32le": (np.dtype("<f4"), 1.0)}
 TASKS = ("transcribe", "translate")

@@ -20,10 +20,11 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from ..scaleout import INSTALL_HINT, RayUnavailable, connect
-from .app import Server
-from .config import match_key
-from .settings import ServeSettings
+from asr_spec.scaleout import INSTALL_HINT, RayUnavailable, connect
+from asr_spec.server.app import Server
+from asr_spec.server.config import match_key
+from asr_spec.server.settings import ServeSettings
+from asr_spec.server.shared import Shared
 
 log = logging.getLogger("asr_spec.serve")
 APP = "asr_spec"  # the Ray Serve application and deployment name
@@ -38,14 +39,14 @@ class Replica:
     def __init__(self, settings: ServeSettings, api_keys: tuple[str, ...]):
         from ray import serve
 
-        from ..models.loader import load
+        from asr_spec.models.loader import load
 
         target, draft = load(settings.model_options())
         self.server = Server.build(settings, api_keys, target, draft)
         self.metrics_http: ThreadingHTTPServer | None = None
         if settings.metrics_port:
             rank = serve.get_replica_context().rank.local_rank
-            self.metrics_http = metrics_endpoint(self.server, settings.host, settings.metrics_port + rank)
+            self.metrics_http = metrics_endpoint(self.server.shared, settings.host, settings.metrics_port + rank)
 
     def __serve_build_asgi_app__(self):
         return self.server.hosted()
@@ -57,9 +58,9 @@ class Replica:
         await self.server.shutdown()
 
 
-def metrics_endpoint(server: Server, host: str, port: int) -> ThreadingHTTPServer:
-    """``GET /metrics`` of ``server`` (Prometheus text; the server's API key, if it has any) on its own port, in a
-    thread."""
+def metrics_endpoint(shared: Shared, host: str, port: int) -> ThreadingHTTPServer:
+    """``GET /metrics`` of the server whose parts are ``shared`` (Prometheus text; the server's API key, if it has
+    any) on its own port, in a thread."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
@@ -67,9 +68,9 @@ def metrics_endpoint(server: Server, host: str, port: int) -> ThreadingHTTPServe
             token = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
             if self.path.split("?")[0] != "/metrics":
                 return self._reply(404, b"not found\n", "text/plain")
-            if server.config.api_keys and match_key(server.config.api_keys, token) is None:
+            if shared.config.api_keys and match_key(shared.config.api_keys, token) is None:
                 return self._reply(401, b"missing or wrong API key (Authorization: Bearer KEY)\n", "text/plain")
-            body, content_type = server.metrics.scrape(server.engine, len(server.sessions),
+            body, content_type = shared.metrics.scrape(shared.engine, len(shared.sessions),
                                                        self.headers.get("Accept"))
             self._reply(200, body, content_type)
 

@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket
 
-from ..streaming.events import Event
-from .config import match_key
-from .protocol import ProtocolError
-from .realtime_events import (UPDATES, RealtimeAudio, RealtimeError, Settings, appended_audio, base64_audio,
-                              error_event, ignored_fields, item, parse_event, parse_update)
-from .session import Message, StreamSession
+from asr_spec.server.config import match_key
+from asr_spec.server.protocol import ProtocolError
+from asr_spec.server.realtime_events import (UPDATES, RealtimeAudio, RealtimeError, Settings, appended_audio,
+                                             base64_audio, error_event, ignored_fields, item, parse_event,
+                                             parse_update)
+from asr_spec.server.session import Message, StreamSession
+from asr_spec.server.shared import Shared
+from asr_spec.streaming.events import Event
 
 KEY_PROTOCOL = "openai-insecure-api-key."  # browsers: the key as a WebSocket subprotocol
 BETA_PROTOCOL = "openai-beta.realtime-v1"
@@ -43,8 +45,8 @@ class RealtimeSession(StreamSession):
     first_message = "session.update"
     protocol = "realtime"
 
-    def __init__(self, server, ws: WebSocket):
-        super().__init__(server, ws)
+    def __init__(self, shared: Shared, ws: WebSocket):
+        super().__init__(shared, ws)
         self.offered = [p.strip() for p in ws.scope.get("subprotocols", [])]
         self.beta = ws.headers.get("openai-beta", "").replace(" ", "") == "realtime=v1" or BETA_PROTOCOL in self.offered
         self.settings = Settings()
@@ -173,7 +175,7 @@ class RealtimeSession(StreamSession):
         """New settings. A change of language, turn detection, prompt or keywords needs a new engine stream: what the old one holds is
         committed and decoded first (the reader waits meanwhile)."""
         with self._atomic():
-            old, new = self.settings, parse_update(event, self.settings, self.server.languages)
+            old, new = self.settings, parse_update(event, self.settings, self.shared.languages)
             self.beta = self.beta or event["type"] == "transcription_session.update"
             stream, restart = new.stream(self.config.step_s, self.config.commit_policy, self.config.hotwords), False
             if self.sid is not None:
@@ -206,7 +208,7 @@ class RealtimeSession(StreamSession):
                                               "message": f"{param} is accepted but has no effect: {why}"})
 
     async def _commit(self) -> None:
-        engine, pending = self.server.engine, self.flushes_delivered < self.commit_flush
+        engine, pending = self.shared.engine, self.flushes_delivered < self.commit_flush
         if self.turn is None and not pending and await self._call(engine.backlog_s, self.sid) < MIN_COMMIT_S:
             raise RealtimeError("input_audio_buffer_commit_empty", f"the input audio buffer holds less than "
                                 f"{1000 * MIN_COMMIT_S:g} ms of audio to commit")
@@ -225,7 +227,7 @@ class RealtimeSession(StreamSession):
         it; the engine's events for the rest of the cleared audio are dropped."""
         if self.turn is not None:
             self.commits = max(self.commits, 1)  # it ends as a commit's turn would (no speech_stopped)
-            stats = await self._call(self.server.engine.stream_stats, self.sid) or {}
+            stats = await self._call(self.shared.engine.stream_stats, self.sid) or {}
             self._end_turn(stats.get("audio_seconds", self.turn.start))
         self.commits = 0
         await self._end_audio(self.settings)

@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..streaming.config import StreamConfig
-from .protocol import ECHO_FIELDS, MAX_HOTWORDS, AudioDecoder, ProtocolError, Start, echo, load_object
+from asr_spec.server.protocol import ECHO_FIELDS, MAX_HOTWORDS, AudioDecoder, ProtocolError, Start, echo, load_object
+from asr_spec.streaming.config import StreamConfig
 
 UPDATES = ("session.update", "transcription_session.update")
 CLIENT_EVENTS = (*UPDATES, "input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear")

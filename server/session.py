@@ -14,18 +14,15 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING
 
 import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from ..audio import SAMPLE_RATE
-from ..streaming.config import StreamConfig
-from ..streaming.events import Event
-from .protocol import AudioDecoder, ProtocolError, parse_message, parse_start
-
-if TYPE_CHECKING:
-    from .app import Server
+from asr_spec.audio import SAMPLE_RATE
+from asr_spec.server.protocol import AudioDecoder, ProtocolError, parse_message, parse_start
+from asr_spec.server.shared import Shared
+from asr_spec.streaming.config import StreamConfig
+from asr_spec.streaming.events import Event
 
 Message = dict  # an ASGI websocket message
 
@@ -38,9 +35,9 @@ class StreamSession:
     first_message = "start"  # what must arrive within the start timeout
     protocol = "native"  # its label in /metrics
 
-    def __init__(self, server: Server, ws: WebSocket):
-        self.server, self.ws = server, ws
-        self.config = server.config
+    def __init__(self, shared: Shared, ws: WebSocket):
+        self.shared, self.ws = shared, ws
+        self.config = shared.config
         self.sid: int | None = None
         self.decoder: AudioDecoder | None = None
         self.outbox: asyncio.Queue[dict | None] = asyncio.Queue()
@@ -57,7 +54,7 @@ class StreamSession:
     # --- what a protocol says -----------------------------------------------------------------------------
     def authorize(self) -> str | None:
         """The API key the handshake presents ("" when none is needed), None when it is missing or wrong."""
-        return self.server.key_of(self.ws)
+        return self.shared.key_of(self.ws)
 
     async def accept(self) -> None:
         await self.ws.accept()
@@ -143,13 +140,13 @@ class StreamSession:
         """``fn(*args)`` in the server's session threads. Engine calls wait for the engine's lock, which its
         inference thread holds while it runs voice detection over queued audio (about 0.03-0.1 s per second of
         audio on a CPU core): on the event loop, that wait would stop every session and HTTP request."""
-        return await asyncio.get_running_loop().run_in_executor(self.server.pool, partial(fn, *args))
+        return await asyncio.get_running_loop().run_in_executor(self.shared.pool, partial(fn, *args))
 
     async def _feed(self, decode: Callable[[], np.ndarray], received: bool = True) -> None:
         """Decode audio (``decode()``: 16 kHz samples) and feed it to the engine, in a session thread. ``received``:
         audio the client sent, which counts for the minimum rate and the idle timeout (a resampler's tail does not;
         nor do control messages)."""
-        sid, engine = self.sid, self.server.engine
+        sid, engine = self.sid, self.shared.engine
 
         def work() -> tuple[int, float]:
             audio = decode()
@@ -160,7 +157,7 @@ class StreamSession:
         if received and samples:
             self.last_audio = time.monotonic()
             self.rate_window = (self.rate_window[0], self.rate_window[1] + samples / SAMPLE_RATE)
-        self.server.wake()
+        self.shared.wake()
 
     # --- messages in ------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -223,13 +220,13 @@ class StreamSession:
         down by TCP instead of having audio dropped (uvicorn reads no further frame until this one is taken).
         The time spent here does not count against its rate, nor as idleness. The engine is asked only when the
         backlog it gave after the last feed was at the limit (decoding only lowers it)."""
-        engine, limit = self.server.engine, self.config.max_backlog_s
+        engine, limit = self.shared.engine, self.config.max_backlog_s
         if self.sid is None or self.backlog < limit:
             return
         held = False
         while (backlog := await self._call(engine.backlog_s, self.sid)) >= limit:
             held = True
-            self.server.wake()
+            self.shared.wake()
             await asyncio.sleep(0.02)
         self.backlog = backlog
         if held:
@@ -240,9 +237,9 @@ class StreamSession:
     async def _open(self, config: StreamConfig) -> None:
         """Open the session's engine stream (a session counts once however often it reopens its stream)."""
         if self.sid is None:
-            self.server.metrics.opened(self.protocol)
-        self.sid = await self._call(self.server.engine.open, config)  # loads a voice detector: ~0.1 s
-        self.server.sessions[self.sid] = self
+            self.shared.metrics.opened(self.protocol)
+        self.sid = await self._call(self.shared.engine.open, config)  # loads a voice detector: ~0.1 s
+        self.shared.register(self.sid, self)
         self.flushes_delivered, self.backlog = 0, 0.0
         self.rate_window = (time.monotonic(), 0.0)
         self.last_audio = time.monotonic()
@@ -250,8 +247,8 @@ class StreamSession:
     async def _flush(self, close: bool = False) -> int:
         """Ask for everything buffered to be decoded; returns the flush count that marks it done. Pending flushes
         coalesce. A flush is no audio: it does not count toward the minimum rate, nor against idleness."""
-        done = await self._call(self.server.engine.flush, self.sid, close)
-        self.server.wake()
+        done = await self._call(self.shared.engine.flush, self.sid, close)
+        self.shared.wake()
         return done
 
     async def _until_flushed(self, done: int, within_s: float, read: bool) -> bool | None:
@@ -299,18 +296,18 @@ class StreamSession:
     async def _close_stream(self) -> None:
         """Forget the engine stream: its queued audio is never decoded."""
         if self.sid is not None:
-            self.server.sessions.pop(self.sid, None)
-            await self._call(self.server.metrics.close, self.server.engine, self.sid)
+            self.shared.unregister(self.sid)
+            await self._call(self.shared.metrics.close, self.shared.engine, self.sid)
 
     def end(self) -> None:
         """The connection is over: stop sending, and close the engine stream in a session thread (not waited for)."""
         if self.sender is not None:
             self.sender.cancel()
         if self.sid is not None:
-            self.server.sessions.pop(self.sid, None)
-            close = partial(self.server.metrics.close, self.server.engine, self.sid)
+            self.shared.unregister(self.sid)
+            close = partial(self.shared.metrics.close, self.shared.engine, self.sid)
             try:
-                self.server.pool.submit(close)
+                self.shared.pool.submit(close)
             except RuntimeError:  # the pool is shut down: the server has stopped
                 close()
 
@@ -319,7 +316,7 @@ class Session(StreamSession):
     """The native protocol: a ``start`` message, binary audio frames, ``finalize`` and ``close``."""
 
     async def summary(self) -> dict | None:
-        return {"type": "closed", **(await self._call(self.server.engine.stream_stats, self.sid) or {})}
+        return {"type": "closed", **(await self._call(self.shared.engine.stream_stats, self.sid) or {})}
 
     async def handle(self, msg: Message) -> bool:
         if msg.get("bytes") is not None:
@@ -341,7 +338,7 @@ class Session(StreamSession):
         if kind == "start":
             if self.sid is not None:
                 raise ProtocolError("already_started", "this session has started already")
-            start = parse_start(msg, self.server.languages)
+            start = parse_start(msg, self.shared.languages)
             self.decoder = AudioDecoder(start)
             await self._open(StreamConfig(language=start.language, task=start.task, interim=start.interim_results,
                                           step_s=self.config.step_s, word_timestamps=start.word_timestamps,

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ..models import EMBEDDED
-from ..models.compute import COMPUTE_TYPES, amx
-from ..streaming import MAX_STEP_S, POLICIES, STEP_S
+from asr_spec.models import EMBEDDED
+from asr_spec.models.compute import COMPUTE_TYPES, amx
+from asr_spec.streaming import MAX_STEP_S, POLICIES, STEP_S
 
 if TYPE_CHECKING:  # imported where used: the CLI builds serve's options from this module at every start
-    from ..models.loader import ModelOptions
-    from ..streaming.config import EngineConfig
-    from .config import ServerConfig
+    from asr_spec.models.loader import ModelOptions
+    from asr_spec.streaming.config import EngineConfig
+    from asr_spec.server.config import ServerConfig
 
 ENV_PREFIX = "ASR_SPEC_"
 
@@ -128,19 +128,19 @@ class ServeSettings(BaseSettings):
 
     # --- what the server is built from ----------------------------------------------------------------------
     def model_options(self) -> ModelOptions:
-        from ..models.loader import ModelOptions
+        from asr_spec.models.loader import ModelOptions
 
         return ModelOptions(self.model, None if self.no_draft else self.draft, self.device, self.compute_type,
                             self.torch_threads())
 
     def engine_config(self) -> EngineConfig:
         """The streaming engine's configuration (the batch, the load step; the rest at the engine's defaults)."""
-        from ..streaming.config import EngineConfig
+        from asr_spec.streaming.config import EngineConfig
 
         return EngineConfig(max_batch=self.batch(), max_step_s=self.max_step, alignment=self.alignment)
 
     def server_config(self, api_keys: tuple[str, ...]) -> ServerConfig:
-        from .config import ServerConfig
+        from asr_spec.server.config import ServerConfig
 
         return ServerConfig(host=self.host, port=self.port, max_sessions=self.sessions(), max_load=self.max_load or None,
                             max_sessions_per_client=self.max_sessions_per_client, api_keys=api_keys,

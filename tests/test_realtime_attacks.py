@@ -289,7 +289,7 @@ def test_a_flood_then_a_vanished_peer_leaves_the_server_serving(server):
     deadline = time.monotonic() + 10
     while server.connections and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not server.connections and not server.sessions, "the vanished sessions still hold slots"
+    assert not server.connections and not server.shared.sessions, "the vanished sessions still hold slots"
 
 
 def test_slot_holders_are_closed_and_a_full_server_says_so(tiny_target, caplog):

@@ -168,9 +168,9 @@ def test_abrupt_disconnects_do_not_hurt_the_server(server):
         ws.socket.shutdown(socket.SHUT_RDWR)  # no close frame
         ws.socket.close()
     deadline = time.time() + 30
-    while srv.sessions and time.time() < deadline:
+    while srv.shared.sessions and time.time() < deadline:
         time.sleep(0.1)
-    assert not srv.sessions
+    assert not srv.shared.sessions
     events = stream_file(url, load_audio(JFK)[:48000], speed=8)
     assert events[-1]["type"] == "closed"
 

@@ -9,8 +9,7 @@ import time
 import numpy as np
 
 from asr_spec.recognizer import Checks
-from asr_spec.server.files import FileWorker
-from asr_spec.server.openai_api import Upload
+from asr_spec.server.files import FileWorker, Upload
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 # a random model's text always fails Whisper's checks: without them an upload is one decode of at most 32 tokens

@@ -1,0 +1,74 @@
+"""What the server's parts share: the engine, the upload worker, the metrics, the session threads, the registry of
+started sessions, the inference thread's wake-up and the API keys. The server (app.py) builds one :class:`Shared`
+and hands it to the sessions (session.py, realtime.py) and the upload endpoints (openai_api.py), which know it and
+not the server."""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from starlette.requests import HTTPConnection
+from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+from asr_spec.server.config import ServerConfig, match_key
+from asr_spec.server.files import FileWorker
+from asr_spec.server.metrics import Metrics
+from asr_spec.streaming.engine import Engine
+from asr_spec.streaming.events import Event
+
+
+class Listener(Protocol):
+    """A started session, as the inference thread sees it: where its stream's events go."""
+
+    def deliver(self, sid: int, events: list[Event], flushes: int) -> None: ...
+
+
+@dataclass(eq=False)
+class Shared:
+    engine: Engine
+    config: ServerConfig
+    files: FileWorker | None = None  # the OpenAI-compatible uploads' worker; None: the server transcribes no files
+    metrics: Metrics = field(default_factory=Metrics)
+    # started sessions by stream id (the inference thread's addressees): written through register and unregister
+    sessions: dict[int, Listener] = field(default_factory=dict)
+    # each session runs one call at a time here (its reader's), plus one at its close or the shutdown's drain
+    pool: ThreadPoolExecutor = field(init=False)
+    languages: set[str] | None = field(init=False)  # the model's language codes; None: an English-only model
+    language_names: dict[str, str] | None = field(init=False)  # code -> name (OpenAI's verbose_json)
+    _wake: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def __post_init__(self) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=2 * self.config.max_sessions + 2,
+                                       thread_name_prefix="asr_spec-session")
+        self.languages = set(self.engine.transcriber.vocab.languages) or None
+        self.language_names = {code: LANGUAGES.get(code, code) for code in self.languages} if self.languages else None
+
+    def register(self, sid: int, session: Listener) -> None:
+        """Stream ``sid`` is ``session``'s: its events go there."""
+        self.sessions[sid] = session
+
+    def unregister(self, sid: int) -> None:
+        """Stream ``sid`` is closed (or closing): its events go nowhere."""
+        self.sessions.pop(sid, None)
+
+    def wake(self) -> None:
+        """Tell the inference thread that a stream may be due (new audio, a flush)."""
+        self._wake.set()
+
+    def sleep(self, timeout: float) -> None:
+        """The inference thread, with nothing due: wait until :meth:`wake` is called, at most ``timeout`` seconds."""
+        self._wake.wait(timeout)
+        self._wake.clear()
+
+    def key_of(self, conn: HTTPConnection) -> str | None:
+        """The API key this request presents, when it is one of the server's ("" when none is needed); None
+        when it is missing or wrong. ``Authorization: Bearer KEY``, or ``?api_key=KEY`` (browsers cannot set
+        headers on a WebSocket)."""
+        if not self.config.api_keys:
+            return ""
+        auths = conn.headers.getlist("authorization")
+        auth = auths[0] if len(auths) == 1 else ""  # two Authorization headers: neither counts
+        token = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
+        return match_key(self.config.api_keys, token or conn.query_params.get("api_key", ""))
