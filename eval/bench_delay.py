@@ -5,27 +5,28 @@ decoding. For each level: WER against the references, and the commit lag of the 
 still arrives (how much audio had arrived after a word's end, by Whisper's word alignment, when its final was sent:
 the latency a client sees on top of the decoding time).
 
-    python eval/bench_delay.py --threads 2          # eval/results/realtime-delay.{json,md}
+    python eval/bench_delay.py --threads 2 [--limit N] [--dev DIR]    # eval/results/realtime-delay.{json,md}
 """
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from dataclasses import replace
 from pathlib import Path
 
 import torch
-from bench_streaming import DEV, ROOT, SERVE, wer_pair
 
-from asr_spec.audio import load_audio
-from asr_spec.evaluation.provenance import provenance
+from asr_spec.evaluation.harness import add_data_args, data, write_results
+from asr_spec.evaluation.metrics import wer
 from asr_spec.models.loader import ModelOptions, load
 from asr_spec.recognizer import Recognizer
 from asr_spec.server.realtime_events import DELAYS, Settings
+from asr_spec.server.settings import ServeSettings
 from asr_spec.streaming.config import EngineConfig
 from asr_spec.streaming.engine import Engine
 
+ROOT = Path(__file__).resolve().parents[1]
+SERVE = ServeSettings()  # serve's own settings (its defaults, or ASR_SPEC_* as serve would read them)
 CHUNK_S = 0.5
 
 
@@ -55,13 +56,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--limit", type=int, default=0, help="dev utterances (0: all)")
     ap.add_argument("--out", default=str(ROOT / "eval" / "results" / "realtime-delay"))
+    add_data_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target, draft = load(ModelOptions(compute_type=SERVE.compute_type))
-    items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
-    items = items[: args.limit] if args.limit else items
-    audios = [load_audio(DEV / it["audio"]) for it in items]
-    results = {"provenance": provenance(args.threads), "compute_type": target.precision.name, "step_s": SERVE.step,
+    dev = data(args, args.limit)
+    items, audios = dev.items, [dev.audio(it) for it in dev.items]
+    results = {"compute_type": target.precision.name, "step_s": SERVE.step,
                "policy": "alignatt", "utterances": len(items), "levels": {}}
     for level, (margin, sure, unsure) in DELAYS.items():
         engine = Engine(Recognizer(target, draft), EngineConfig(max_batch=SERVE.batch(), max_step_s=0.0))
@@ -73,7 +74,7 @@ def main() -> None:
             lags += lag
         lags.sort()
         row = {"margin_s": margin, "sure_probability": sure, "unsure_margin_s": unsure,
-               "wer": round(100 * wer_pair([it["text"] for it in items], texts), 2),
+               "wer": round(wer(dev.texts(), texts), 2),
                "words_before_the_end": len(lags),
                "commit_lag_median_s": round(statistics.median(lags), 2) if lags else None,
                "commit_lag_p90_s": round(lags[int(0.9 * (len(lags) - 1))], 2) if lags else None,
@@ -81,9 +82,7 @@ def main() -> None:
         results["levels"][level] = row
         print(level, row, flush=True)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-    p = results["provenance"]
+    p = write_results(out.with_suffix(".json"), results, args.threads)["provenance"]
     lines = [f"Realtime `delay` levels: {len(items)} dev utterances streamed at serve's settings ({results['compute_type']}, "
              f"step {SERVE.step} s fixed, AlignAtt), {p['machine']}, {args.threads} threads, {p['date'][:10]}; "
              f"`{p['command']}`", "",

@@ -1,12 +1,13 @@
 """Latency through the OpenAI Realtime endpoint against the native protocol (issue 27).
 
-    python eval/bench_realtime.py [--sessions 1,4] [--seconds 40] [--repeat 2] [--threads 2] [--out eval/out/realtime]
+    python eval/bench_realtime.py [--sessions 1,4] [--seconds 40] [--repeat 2] [--threads 2] [--dev DIR]
+                                  [--out eval/out/realtime]
 
 The same server as ``asr_spec serve`` runs it (its defaults: compute type, step, commit policy, engine), the same
-audio (bench_streaming's dev speech: utterances joined by 0.6 s pauses) sent as 24 kHz pcm16 in 100 ms messages paced
-at real time, and the same stream options through each protocol (language en; voice detection as the native start's:
-threshold 0.5, 300 ms padding, 600 ms of silence ends an utterance), N sessions at once, the two protocols taking
-turns (``--repeat`` runs each, each on a fresh server). Per word, aligned with the offline transcript's word
+audio (dev speech, as bench_streaming's: utterances joined by 0.6 s pauses) sent as 24 kHz pcm16 in 100 ms messages
+paced at real time, and the same stream options through each protocol (language en; voice detection as the native
+start's: threshold 0.5, 300 ms padding, 600 ms of silence ends an utterance), N sessions at once, the two protocols
+taking turns (``--repeat`` runs each, each on a fresh server). Per word, aligned with the offline transcript's word
 timestamps as in bench_streaming: final latency = when the word was committed (a native ``final``, a realtime
 transcription ``delta``) minus when its audio ended. End lag: from the end of the audio to the session's last
 transcript (native: ``closed``; realtime: the ``completed`` of the commit sent at the end).
@@ -14,7 +15,6 @@ transcript (native: ``closed``; realtime: the ``completed`` of the commit sent a
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import json
 import statistics
@@ -25,15 +25,18 @@ from pathlib import Path
 import numpy as np
 import soxr
 import torch
-from bench_streaming import (DEV, ROOT, SERVE, Log, missing_words, pct, serve_engine, speech, streamed_words,
-                             timed_words, word_latencies)
 
 from asr_spec.clients.stream import connect_session
-from asr_spec.evaluation.provenance import provenance
+from asr_spec.evaluation.harness import add_data_args, data, write_results
+from asr_spec.evaluation.streaming import (Log, missing_words, pct, serve_engine, server_around, streamed_words,
+                                           timed_words, word_latencies)
 from asr_spec.models.loader import ModelOptions, load
-from asr_spec.server.app import Server
 from asr_spec.server.config import ServerConfig
+from asr_spec.server.settings import ServeSettings
 from asr_spec.transcribe import TranscribeOptions, Transcriber
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVE = ServeSettings()  # serve's own settings (its defaults, or ASR_SPEC_* as serve would read them)
 
 RATE, FRAME = 24000, 2400  # 100 ms messages
 VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 600}  # native's
@@ -99,27 +102,22 @@ def realtime(url: str, data: bytes, log: Log, t0: float) -> None:
         reader.join(600)
 
 
-def run(protocol: str, tr: Transcriber, target, draft, audios: list[np.ndarray], step: float) -> dict:
+def run(protocol: str, target, draft, audios: list[np.ndarray], step: float) -> dict:
     """N sessions of one protocol on a fresh server: their logs, engine busy time, wall time."""
-    engine = serve_engine(target, draft, SERVE.batch(), SERVE.max_step)
+    engine = serve_engine(target, draft, SERVE)
     config = ServerConfig(port=0, max_sessions=len(audios) + 1, max_sessions_per_client=len(audios) + 1, step_s=step,
                           commit_policy=SERVE.commit_policy)
-    server, ready = Server(engine, config), threading.Event()
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve_forever(ready)), daemon=True)
-    thread.start()
-    ready.wait(30)
-    logs: list[Log] = [[] for _ in audios]
-    t0 = time.monotonic()
-    clients = [threading.Thread(target=native if protocol == "native" else realtime,
-                                args=(f"ws://127.0.0.1:{server.port}", pcm24(a), log, t0))
-               for a, log in zip(audios, logs)]
-    for c in clients:
-        c.start()
-    for c in clients:
-        c.join()
-    wall = time.monotonic() - t0
-    server.stop()
-    thread.join(10)
+    with server_around(engine, config) as server:
+        logs: list[Log] = [[] for _ in audios]
+        t0 = time.monotonic()
+        clients = [threading.Thread(target=native if protocol == "native" else realtime,
+                                    args=(f"ws://127.0.0.1:{server.port}", pcm24(a), log, t0))
+                   for a, log in zip(audios, logs)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join()
+        wall = time.monotonic() - t0
     return {"logs": logs, "busy": engine.busy_s, "wall": wall}
 
 
@@ -145,21 +143,22 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="runs of each protocol per session count (taking turns)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "eval" / "out" / "realtime"))
+    add_data_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target, draft = load(ModelOptions(compute_type=SERVE.compute_type))
     tr = Transcriber(target, draft)
-    items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
-    results = {"provenance": provenance(args.threads), "compute_type": target.precision.name, "step_s": SERVE.step,
+    dev = data(args)
+    results = {"compute_type": target.precision.name, "step_s": SERVE.step,
                "policy": SERVE.commit_policy, "seconds": args.seconds, "rows": []}
     for n in (int(x) for x in args.sessions.split(",") if x):
-        audios = [speech(items, args.seconds, 7 * i) for i in range(n)]
+        audios = [dev.session(args.seconds, 7 * i).audio for i in range(n)]
         offline = [timed_words(tr.transcribe(a, TranscribeOptions(language="en", word_timestamps=True)).segments)
                    for a in audios]
         runs: dict[str, list[dict]] = {p: [] for p in PROTOCOLS}
         for rep in range(args.repeat):
             for protocol in PROTOCOLS if rep % 2 == 0 else PROTOCOLS[::-1]:
-                runs[protocol].append(run(protocol, tr, target, draft, audios, SERVE.step))
+                runs[protocol].append(run(protocol, target, draft, audios, SERVE.step))
                 print(n, protocol, rep, summary(runs[protocol][-1:], audios, offline), flush=True)
         row = {"sessions": n, **{p: summary(runs[p], audios, offline) for p in PROTOCOLS}}
         row["final_latency_median_ratio"] = round(row["realtime"]["final_latency_median_s"]
@@ -167,8 +166,7 @@ def main() -> None:
         results["rows"].append(row)
         print(row, flush=True)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    write_results(out / "results.json", results, args.threads)
     lines = ["# Realtime endpoint vs native protocol", "", f"`python eval/bench_realtime.py` · {args.seconds:g} s per "
              f"session · {args.repeat} run(s) each · compute type {results['compute_type']} · step {SERVE.step} s · "
              f"policy {SERVE.commit_policy} · {args.threads} threads", "",

@@ -3,7 +3,7 @@
     python eval/bench_streaming.py [--sessions 1,4,8] [--seconds 40] [--limit N] [--threads 2] [--device cpu]
                                    [--policy alignatt|local-agreement] [--step S] [--max-step S]
                                    [--encoder-windows audio,full]
-                                   [--skip-wer] [--out eval/out/streaming]
+                                   [--skip-wer] [--dev DIR] [--out eval/out/streaming]
 
 What runs is what ``asr_spec serve`` runs with its own defaults (compute type, step, commit policy, engine
 settings: read from serve's argument parser); ``--compute-type``, ``--step`` and ``--policy`` override them.
@@ -31,272 +31,74 @@ settings: read from serve's argument parser); ``--compute-type``, ``--step`` and
 from __future__ import annotations
 
 import argparse
-import asyncio
-import difflib
-import json
-import multiprocessing
-import os
-import re
-import threading
-import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Protocol, Sequence, TypeVar
+from typing import Callable
 
-import jiwer
-import numpy as np
 import torch
-from whisper_normalizer.english import EnglishTextNormalizer
 
 from asr_spec import streaming
-from asr_spec.alignment import Word
-from asr_spec.audio import load_audio
-from asr_spec.clients.stream import stream_file
-from asr_spec.evaluation.data import Session, session, dev_dir
-from asr_spec.evaluation.provenance import provenance
+from asr_spec.evaluation.data import DataSet, Session
+from asr_spec.evaluation.harness import add_data_args, data, longform, write_results
+from asr_spec.evaluation.metrics import wer
+from asr_spec.evaluation.streaming import (MAX_FINAL_LATENCY_S, EngineProbe, Log, TimedWord, largest_real_time,
+                                           missing_words, pct, run_clients, serve_engine, server_around,
+                                           streamed_words, timed_words, word_latencies, words)
 from asr_spec.models.loader import ModelOptions, load
-from asr_spec.recognizer import Recognizer
-from asr_spec.server.app import Server
 from asr_spec.server.config import ServerConfig
 from asr_spec.server.settings import ServeSettings
-from asr_spec.streaming.config import EngineConfig
+from asr_spec.streaming.config import EngineConfig, StreamConfig
 from asr_spec.streaming.encoding import WINDOWS
 from asr_spec.streaming.engine import Engine, stream_audio
-from asr_spec.streaming.config import StreamConfig
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 ROOT = Path(__file__).resolve().parents[1]
-DEV = dev_dir()
 SERVE = ServeSettings()  # serve's own settings (its defaults, or ASR_SPEC_* as serve would read them)
-MAX_FINAL_LATENCY_S = 3.0  # the capacity bar: real time with final latency median at most this
-normalize = EnglishTextNormalizer()
-Log = list[tuple[float, dict]]  # (seconds since the session started, event)
-T = TypeVar("T")
-
-
-def words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9']+", text.lower())
-
-
-def with_policy(cls: type, field: str, policy: str | None, **kwargs):
-    """``cls(**kwargs)`` with ``field`` = ``policy`` when the dataclass has that field (older trees have none)."""
-    if policy is not None and field in {f.name for f in fields(cls)}:
-        kwargs[field] = policy
-    return cls(**kwargs)
 
 
 # --- streaming WER -------------------------------------------------------------------------------------------
 
-def wer_pair(ref: list[str], hyp: list[str]) -> float:
-    refs = [normalize(r) for r in ref]
-    keep = [i for i, r in enumerate(refs) if r.strip()]
-    return jiwer.wer([refs[i] for i in keep], [normalize(hyp[i]) for i in keep])
-
-
-def streaming_wer(tr: Transcriber, items: list[dict], root: Path, step: float, policy: str | None,
-                  compare_hints: bool = False, config: EngineConfig = EngineConfig()) -> dict:
+def streaming_wer(tr: Transcriber, ds: DataSet, step: float, policy: str, compare_hints: bool = False,
+                  config: EngineConfig = EngineConfig()) -> dict:
     """Offline vs streamed WER; with ``compare_hints`` also the streaming cost without hint drafts."""
-    refs, offline, streamed = [], [], []
+    offline, streamed = [], []
     cost: dict[bool, dict] = {}
     for use_hint in (True, False) if compare_hints else (True,):
         engine, passes, hinted, texts = Engine(tr, config), 0, 0, []
-        for it in items:
-            audio = load_audio(root / it["audio"])
-            stream = with_policy(StreamConfig, "policy", policy, step_s=step, use_hint=use_hint)
-            events = stream_audio(engine, audio, stream, stats=(st := []))
+        for it in ds.items:
+            stream = StreamConfig(step_s=step, use_hint=use_hint, policy=policy)
+            events = stream_audio(engine, ds.audio(it), stream, stats=(st := []))
             passes += sum(s.decode.target_passes for s in st)
             hinted += sum(s.decode.hint_accepted for s in st)
             texts.append("".join(e.join + e.text for e in events if e.type == "final"))
         cost[use_hint] = {"engine_busy_s": round(engine.busy_s, 2), "target_passes": passes,
                           "hint_tokens_accepted": hinted}
         streamed = streamed or texts
-    for it in items:
-        refs.append(it["text"])
-        offline.append(tr.transcribe(load_audio(root / it["audio"]), TranscribeOptions(language="en")).text)
-    out = {"utterances": len(items), "wer_offline": round(100 * wer_pair(refs, offline), 2),
-           "wer_streaming": round(100 * wer_pair(refs, streamed), 2),
-           "wer_streaming_vs_offline": round(100 * wer_pair(offline, streamed), 2), "with_hints": cost[True]}
+    for it in ds.items:
+        offline.append(tr.transcribe(ds.audio(it), TranscribeOptions(language="en")).text)
+    refs = ds.texts()
+    out = {"utterances": len(ds.items), "wer_offline": round(wer(refs, offline), 2),
+           "wer_streaming": round(wer(refs, streamed), 2),
+           "wer_streaming_vs_offline": round(wer(offline, streamed), 2), "with_hints": cost[True]}
     if compare_hints:
         out["without_hints"] = cost[False]
     return out
 
 
-# --- per-word latency (pure: tested in tests/test_bench_streaming.py) ----------------------------------------
-
-@dataclass(frozen=True)
-class TimedWord:
-    word: str
-    end: float  # when its audio ended: Whisper's word alignment of the offline transcript
-    end_linear: float  # the old estimate: linear in characters inside its offline segment
-
-
-class HasWords(Protocol):  # the part of transcribe.Segment that timed_words reads
-    start: float
-    end: float
-    words: list[Word] | None
-
-
-def timed_words(segments: Sequence[HasWords]) -> list[TimedWord]:
-    """The offline transcript's words (as :func:`words` splits them), each with both end times."""
-    out = []
-    for seg in segments:
-        pieces = [(x, w.end) for w in seg.words or () for x in words(w.word)]
-        total, acc = sum(len(x) for x, _ in pieces) or 1, 0
-        for x, end in pieces:
-            acc += len(x)
-            out.append(TimedWord(x, end, seg.start + (seg.end - seg.start) * acc / total))
-    return out
-
-
-def streamed_words(log: Log) -> tuple[list[str], list[float], list[float]]:
-    """The session's committed words (its finals joined by their ``join`` strings) and, per word, when it first
-    appeared at its place in committed + partial text and when it was committed. A final that continues the last
-    committed word (no space in between) commits the whole word anew."""
-    text, committed, final_at, first = "", [], [], {}
-    for t, e in log:
-        if e["type"] not in ("partial", "final"):
-            continue
-        hyp = words(text + e["join"] + e["text"])
-        if e["type"] == "final":
-            text += e["join"] + e["text"]
-            keep = len(os.path.commonprefix([committed, hyp]))
-            committed, final_at = hyp, final_at[:keep] + [t] * (len(hyp) - keep)
-        for i, x in enumerate(hyp):
-            first.setdefault((i, x), t)
-    return committed, [first[(i, x)] for i, x in enumerate(committed)], final_at
-
-
-def word_latencies(log: Log, offline: list[TimedWord]) -> dict[str, list[float]]:
-    """Partial and final latency of every committed word that aligns with an offline word, from its aligned end
-    time and (``*_linear``) from the old linear estimate."""
-    committed, first, final_at = streamed_words(log)
-    match = difflib.SequenceMatcher(a=committed, b=[w.word for w in offline], autojunk=False)
-    keys = [f"{kind}_latency{suffix}" for kind in ("partial", "final") for suffix in ("", "_linear")]
-    out: dict[str, list[float]] = {key: [] for key in keys}
-    for block in match.get_matching_blocks():
-        for i, j in zip(range(block.a, block.a + block.size), range(block.b, block.b + block.size)):
-            for suffix, end in (("", offline[j].end), ("_linear", offline[j].end_linear)):
-                out["partial_latency" + suffix].append(first[i] - end)
-                out["final_latency" + suffix].append(final_at[i] - end)
-    return out
-
-
-def missing_words(offline: list[str], committed: list[str], reference: list[str] | None = None) -> int:
-    """Offline words with no counterpart in the finals: deleted ones, and those a shorter span replaced. With the
-    human ``reference``, only offline words the reference has count: words an offline decode invented (Whisper
-    looping, or a sentence made up in a pause) are not missing when a stream does not say them."""
-    real = set(range(len(offline)))
-    if reference is not None:
-        confirm = difflib.SequenceMatcher(a=offline, b=reference, autojunk=False)
-        real = {i for b in confirm.get_matching_blocks() for i in range(b.a, b.a + b.size)}
-    match = difflib.SequenceMatcher(a=offline, b=committed, autojunk=False)
-    return sum(max(0, sum(i in real for i in range(i1, i2)) - (j2 - j1))
-               for tag, i1, i2, j1, j2 in match.get_opcodes() if tag in ("delete", "replace"))
-
-
-def pct(xs: Sequence[float], q: float) -> float | None:
-    xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else None
-
-
-def largest_real_time(rows: list[dict]) -> int | None:
-    """The most sessions served at real time (RTF < 1) with final latency median <= 3 s."""
-    def ok(r: dict) -> bool:
-        latency = r["final_latency_median_s"]
-        return r["rtf"] < 1 and latency is not None and latency <= MAX_FINAL_LATENCY_S
-
-    return max((r["sessions"] for r in rows if ok(r)), default=None)
-
-
 # --- capacity: a real server, real clients -------------------------------------------------------------------
 
-class EngineProbe:
-    """How the server's inference thread spends its time, seen from outside (``poll`` and ``step`` wrapped;
-    nothing added to the engine's own accounting): inside the engine; between engine calls after a step or a
-    ``poll`` that found a stream due (the engine idle while a stream waits: delivering events, waiting for
-    the GIL); and after ``poll`` found nothing due (idle, nothing to do)."""
-
-    def __init__(self, engine: Engine):
-        self.inside_s = self.idle_due_s = self.idle_s = 0.0
-        self._end: float | None = None
-        self._due = False
-        poll, step = engine.poll, engine.step
-        engine.poll = lambda: self._call(poll, lambda due: due)
-        engine.step = lambda: self._call(step, lambda _: True)
-
-    def _call(self, fn: Callable[[], T], due: Callable[[T], bool]) -> T:
-        t0 = time.perf_counter()
-        if self._end is not None:
-            if self._due:
-                self.idle_due_s += t0 - self._end
-            else:
-                self.idle_s += t0 - self._end
-        out = fn()
-        self._end = time.perf_counter()
-        self.inside_s += self._end - t0
-        self._due = due(out)
-        return out
-
-    def shares(self, wall: float) -> dict[str, float]:
-        return {"engine_inside_share": round(self.inside_s / wall, 3),
-                "engine_idle_while_due_share": round(self.idle_due_s / wall, 3),
-                "engine_idle_share": round(self.idle_s / wall, 3)}
-
-
-def speech(items: list[dict], seconds: float, offset: int) -> np.ndarray:
-    return session(items, seconds, offset, DEV).audio
-
-
-def client(url: str, audio: np.ndarray, log: Log) -> None:
-    """Stream ``audio`` at real time; log (seconds since the stream started, event)."""
-    t0 = time.monotonic()
-    stream_file(url, audio, 1.0, lambda e: log.append((time.monotonic() - t0, e)))
-
-
-def clients_here(url: str, audios: list[np.ndarray]) -> tuple[list[Log], float]:
-    """Every audio streamed by its own client thread at once: their event logs, and the wall time until the last
-    closed."""
-    logs: list[Log] = [[] for _ in audios]
-    threads = [threading.Thread(target=client, args=(url, a, log)) for a, log in zip(audios, logs)]
-    t0 = time.monotonic()
-    for c in threads:
-        c.start()
-    for c in threads:
-        c.join()
-    return logs, time.monotonic() - t0
-
-
-def run_clients(url: str, audios: list[np.ndarray]) -> tuple[list[Log], float]:
-    """:func:`clients_here` in a process of their own, as real clients are: their Python work (pacing, framing,
-    reading events) does not share the server's interpreter lock, only the machine's cores."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(clients_here, (url, audios))
-
-
-def serve_engine(target, draft, settings: ServeSettings) -> Engine:
-    """The engine exactly as ``asr_spec serve`` builds it from its settings."""
-    return Engine(Recognizer(target, draft), settings.engine_config())
-
-
-def capacity(tr: Transcriber, engine: Engine, items: list[dict], n: int, seconds: float, step: float,
-             policy: str | None) -> dict:
+def capacity(tr: Transcriber, engine: Engine, dev: DataSet, n: int, seconds: float, step: float, policy: str) -> dict:
     """One row: ``n`` real-time WebSocket sessions on a server around ``engine`` (a fresh one, as serve builds it)."""
-    config = with_policy(ServerConfig, "commit_policy", policy, port=0, max_sessions=n + 1,
-                         max_sessions_per_client=n + 1, step_s=step)
-    server, ready = Server(engine, config), threading.Event()
-    th = threading.Thread(target=lambda: asyncio.run(server.serve_forever(ready)), daemon=True)
-    th.start()
-    ready.wait(30)
-    sessions = [session(items, seconds, 7 * i, DEV) for i in range(n)]
+    config = ServerConfig(port=0, max_sessions=n + 1, max_sessions_per_client=n + 1, step_s=step, commit_policy=policy)
+    sessions = [dev.session(seconds, 7 * i) for i in range(n)]
     audios = [s.audio for s in sessions]
-    busy0, probe = engine.busy_s, EngineProbe(engine)
-    rec = engine.transcriber
-    calls0, passes0, ticks0 = rec.encoder_calls, rec.decoder_passes, engine.ticks
-    logs, wall = run_clients(f"ws://127.0.0.1:{server.port}", audios)
-    ticks = max(1, engine.ticks - ticks0)
-    shares = probe.shares(wall)
-    server.stop()
-    th.join(10)
+    with server_around(engine, config) as server:
+        busy0, probe = engine.busy_s, EngineProbe(engine)
+        rec = engine.transcriber
+        calls0, passes0, ticks0 = rec.encoder_calls, rec.decoder_passes, engine.ticks
+        logs, wall = run_clients(f"ws://127.0.0.1:{server.port}", audios)
+        ticks = max(1, engine.ticks - ticks0)
+        shares = probe.shares(wall)
     busy, waits = engine.busy_s - busy0, list(engine.queue_wait_s)
     duration = max(len(a) for a in audios) / 16000
     row = {"sessions": n, "stream_seconds": round(duration, 1), "wall_seconds": round(wall, 1),
@@ -367,21 +169,21 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--compute-type", default=SERVE.compute_type,
                     help=f"as serve's --compute-type (default {SERVE.compute_type}, serve's)")
     ap.add_argument("--out", default=str(ROOT / "eval" / "out" / "streaming"))
+    add_data_args(ap)
     return ap.parse_args()
 
 
-def wer_part(tr: Transcriber, items: list[dict], args: argparse.Namespace) -> dict:
+def wer_part(tr: Transcriber, args: argparse.Namespace) -> dict:
     results = {}
-    dev = items[: args.limit] if args.limit else items
-    long_items = [json.loads(x) for x in (DEV / "longform" / "manifest.jsonl").read_text().splitlines()]
+    dev, talks = data(args, args.limit), longform(args)
     for win in args.encoder_windows.split(","):
         # a fixed step: the load step follows the machine's speed, which would make the text depend on it
         config = replace(SERVE.model_copy(update={"alignment": args.alignment}).engine_config(), encoder_window=win,
                          max_step_s=0.0)
         tag = "" if win == WINDOWS[0] else f"_{win}_window"
-        results["wer_dev" + tag] = streaming_wer(tr, dev, DEV, args.step, args.policy, config=config)
+        results["wer_dev" + tag] = streaming_wer(tr, dev, args.step, args.policy, config=config)
         print("dev", win, results["wer_dev" + tag], flush=True)
-        results["wer_longform" + tag] = streaming_wer(tr, long_items, DEV / "longform", args.step, args.policy,
+        results["wer_longform" + tag] = streaming_wer(tr, talks, args.step, args.policy,
                                                       compare_hints=args.compare_hints and win == "audio", config=config)
         print("long-form", win, results["wer_longform" + tag], flush=True)
     return results
@@ -442,22 +244,21 @@ def main() -> None:
     # serve's model and draft defaults
     target, draft = load(ModelOptions(device=args.device, compute_type=args.compute_type))
     tr = Transcriber(target, draft)
-    items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
-    results: dict = {"provenance": provenance(args.threads, args.device), "step_s": args.step, "max_step_s": args.max_step,
+    results: dict = {"step_s": args.step, "max_step_s": args.max_step,
                      "policy": args.policy, "encoder_windows": args.encoder_windows, "alignment": args.alignment,
                      "threads": args.threads, "compute_type": target.precision.name}
     if not args.skip_wer:
-        results |= wer_part(tr, items, args)
+        results |= wer_part(tr, args)
     results["capacity"] = []
+    dev = data(args)
     for n in (int(x) for x in args.sessions.split(",") if x):
         settings = serve.model_copy(update={"max_step": args.max_step, "alignment": args.alignment})
-        row = capacity(tr, serve_engine(target, draft, settings), items, n, args.seconds, args.step, args.policy)
+        row = capacity(tr, serve_engine(target, draft, settings), dev, n, args.seconds, args.step, args.policy)
         print(row, flush=True)
         results["capacity"].append(row)
     results["largest_real_time_sessions"] = largest_real_time(results["capacity"])
     out = Path(args.out + ("" if args.compute_type == SERVE.compute_type else f"-{args.compute_type}"))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    results = write_results(out / "results.json", results, args.threads, args.device)
     (out / "report.md").write_text(text := report(results, args))
     print(text)
 

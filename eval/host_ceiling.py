@@ -1,6 +1,7 @@
 """The host ceiling of the live engine: what N streams cost the machine around the model, with a negligible model.
 
-    python eval/host_ceiling.py [--sessions 16,64,256] [--seconds 20] [--threads 2] [--device cuda] [--out FILE.json]
+    python eval/host_ceiling.py [--sessions 16,64,256] [--seconds 20] [--threads 2] [--device cuda] [--compute-type T]
+                                [--dev DIR] [--out FILE.json]
 
 A tiny random Whisper (asr_spec.models.tiny: 2 decoder layers of width 32, no draft) serves N streams of dev speech
 in-process, fed 0.5 s at a time as fast as the engine takes them (no pacing, no server), with serve's compute type
@@ -12,7 +13,6 @@ this host serves at most 20 streams at real time whatever its speed.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -20,8 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asr_spec.evaluation.data import manifest, session
-from asr_spec.evaluation.provenance import provenance
+from asr_spec.evaluation.harness import add_data_args, data, write_results
 from asr_spec.models.loader import load_target
 from asr_spec.models.tiny import save_tiny
 from asr_spec.recognizer import Recognizer
@@ -59,18 +58,19 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="torch device, as serve's --device (cuda: serve's CUDA defaults)")
     ap.add_argument("--compute-type", default=None, help="default: serve's (auto)")
     ap.add_argument("--out", type=Path)
+    add_data_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    items = manifest()
+    dev = data(args)
     settings = ServeSettings(device=args.device, compute_type=args.compute_type or ServeSettings().compute_type)
     with tempfile.TemporaryDirectory() as tmp:  # at serve's compute type (auto: measured for this model here)
         target = load_target(str(save_tiny(Path(tmp) / "tiny", seed=0)), args.device, settings.compute_type)
     rows = []
     for n in (int(x) for x in args.sessions.split(",") if x):
         engine = Engine(Recognizer(target), settings.engine_config())
-        run(engine, [session(items, 3.0, 0).audio])  # warm-up
+        run(engine, [dev.session(3.0, 0).audio])  # warm-up
         engine = Engine(Recognizer(target), settings.engine_config())
-        audios = [session(items, args.seconds, 5 * i).audio for i in range(n)]
+        audios = [dev.session(args.seconds, 5 * i).audio for i in range(n)]
         wall = run(engine, audios)
         audio_s = sum(len(a) for a in audios) / 16000
         row = {"sessions": n, "audio_seconds": round(audio_s, 1), "wall_seconds": round(wall, 2),
@@ -79,9 +79,7 @@ def main() -> None:
         rows.append(row)
         print(row, flush=True)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"provenance": provenance(args.threads, args.device), "seconds": args.seconds,
-                                        "chunk_s": CHUNK_S, "rows": rows}, indent=1))
+        write_results(args.out, {"seconds": args.seconds, "chunk_s": CHUNK_S, "rows": rows}, args.threads, args.device)
 
 
 if __name__ == "__main__":

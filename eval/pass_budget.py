@@ -3,27 +3,25 @@ Whisper's logit rules, acceptance, host reads, bookkeeping), at each compute typ
 (a fixed K, the default, and the adaptive draft length). How every change to the decode loop is judged (issue 39).
 
     python eval/pass_budget.py [--compute-type float32,int8] [--files 16] [--batch 1] [--k 3] [--threads 2]
-                               [--device cuda] [--out FILE.json]
+                               [--device cuda] [--dev DIR | --manifest FILE] [--out FILE.json]
 
-Decodes the first ``--files`` dev utterances (English, timestamps, Whisper's window loop) with a ``PassClock`` on the
-recognizer. On a GPU every phase waits for the device at its end (attribution, not speed). ``decode s`` is the
-clocked decode; ``pass`` the mean wall time of a pass; ``loop`` everything but the decoders' forwards.
+Decodes the first ``--files`` dev (or ``--manifest``) utterances (English, timestamps, Whisper's window loop) with a
+``PassClock`` on the recognizer. On a GPU every phase waits for the device at its end (attribution, not speed).
+``decode s`` is the clocked decode; ``pass`` the mean wall time of a pass; ``loop`` everything but the decoders'
+forwards.
 """
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
-from asr_spec.audio import load_audio
 from asr_spec.decoding.budget import PHASES, PassClock
-from asr_spec.evaluation.provenance import provenance
+from asr_spec.evaluation.harness import add_data_args, data, write_results
 from asr_spec.models.loader import default_draft, load_draft, load_target
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
-DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
 SYSTEMS = {"target": dict(use_draft=False), "spec": dict(adaptive_k=False), "spec-adaptive": dict(adaptive_k=True)}
 
 
@@ -56,12 +54,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--systems", default="target,spec,spec-adaptive")
-    ap.add_argument("--manifest", type=Path, default=DEV / "manifest.jsonl")
     ap.add_argument("--out", type=Path)
+    add_data_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    items = [json.loads(line) for line in args.manifest.read_text().splitlines()][:args.files]
-    audios = [load_audio(args.manifest.parent / it["audio"]) for it in items]
+    dev = data(args, args.files)
+    audios = [dev.audio(it) for it in dev.items]
     rows = []
     for ct in args.compute_type.split(","):
         target = load_target("whisper-base", args.device, ct)
@@ -75,9 +73,8 @@ def main() -> None:
                   + "  ".join(f"{p} {ms[p]:.2f}" for p in PHASES if p != "prefill")
                   + f"  | loop {r['loop_ms_per_pass']:.2f} ms ({100 * r['loop_share']:.0f} %)", flush=True)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"provenance": provenance(args.threads, args.device), "files": args.files,
-                                        "batch": args.batch, "k": args.k, "rows": rows}, indent=1))
+        write_results(args.out, {"files": args.files, "batch": args.batch, "k": args.k, "rows": rows}, args.threads,
+                      args.device)
 
 
 if __name__ == "__main__":

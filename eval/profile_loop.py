@@ -2,23 +2,22 @@
 N dev-set files with the shipped draft; prints the loop's steps and everything they call directly (cumulative
 seconds; cProfile inflates Python-heavy parts) and the number of target passes, to get the per-pass overhead.
 
-    python eval/profile_loop.py [--files 12] [--threads 2] [--device cuda] [--compute-type float16] [--manifest FILE]
+    python eval/profile_loop.py [--files 12] [--threads 2] [--device cuda] [--compute-type float16]
+                                 [--dev DIR | --manifest FILE]
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import pstats
 from pathlib import Path
 
 import torch
 
-from asr_spec.audio import load_audio
+from asr_spec.evaluation.harness import add_data_args, data
 from asr_spec.models.loader import default_draft, load_draft, load_target
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
-DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
 STEPS = ("run", "prefill", "propose", "draft_tokens", "verify", "commit", "finish", "noise")
 
 
@@ -28,13 +27,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--compute-type", default="float32")
-    ap.add_argument("--manifest", type=Path, default=DEV / "manifest.jsonl")
+    add_data_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    items = [json.loads(line) for line in args.manifest.read_text().splitlines()][:args.files]
+    dev = data(args, args.files)
     target = load_target("whisper-base", args.device, args.compute_type)
     tr = Transcriber(target, load_draft(default_draft("whisper-base"), target))
-    audios = [load_audio(args.manifest.parent / it["audio"]) for it in items]
+    audios = [dev.audio(it) for it in dev.items]
     tr.transcribe(audios[0], TranscribeOptions(language="en"))  # warm-up (and the cost model's first tries)
     profile, passes = cProfile.Profile(), 0
     profile.enable()

@@ -5,6 +5,7 @@ second; then the functions that took the most time themselves (cProfile).
 
     python eval/profile_stream.py [--sessions 4] [--seconds 40] [--device cpu] [--compute-type auto]
                                   [--threads 2] [--top 25] [--encoder-window stream|audio|full] [--no-cprofile]
+                                  [--dev DIR]
 
 Per stream second: engine seconds per second of each stream's audio (the engine's total over the sessions' audio).
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import functools
-import json
 import pstats
 import time
 
@@ -24,14 +24,13 @@ import torch
 
 from asr_spec import vad
 from asr_spec.decoding import speculative
+from asr_spec.evaluation.harness import add_data_args, data
 from asr_spec.models.loader import ModelOptions, load
 from asr_spec.recognizer import Recognizer
 from asr_spec.streaming import decode as decode_module
 from asr_spec.streaming import encoding
-from asr_spec.streaming.config import EngineConfig
+from asr_spec.streaming.config import EngineConfig, StreamConfig
 from asr_spec.streaming.engine import Engine
-from asr_spec.streaming.config import StreamConfig
-from bench_streaming import DEV, speech  # eval/ is the script's folder
 
 
 def timed(owner, name: str, key: str, totals: dict[str, float]) -> None:
@@ -74,12 +73,13 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--encoder-window", default=encoding.WINDOWS[0], choices=encoding.WINDOWS)
     ap.add_argument("--no-cprofile", action="store_true", help="time the components only (cProfile slows Python)")
+    add_data_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target, draft = load(ModelOptions(device=args.device, compute_type=args.compute_type))
     engine = Engine(Recognizer(target, draft), EngineConfig(encoder_window=args.encoder_window))
-    items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
-    audios = [speech(items, args.seconds, 7 * i) for i in range(args.sessions)]
+    dev = data(args)
+    audios = [dev.session(args.seconds, 7 * i).audio for i in range(args.sessions)]
     run(engine, [a[:16000 * 5] for a in audios])  # warm-up (kernels, the cost model's first tries)
     totals: dict[str, float] = {}
     timed(vad.VoiceActivity, "__call__", "voice detection", totals)

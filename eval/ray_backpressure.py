@@ -7,16 +7,12 @@ A server that is not read while a session holds ``max_backlog_s`` (40 s) of unde
 through TCP: the client finishes sending about 40 s of decoding before ``closed``. A proxy that buffers what the
 replica does not read lets the client finish sending at once, and holds the rest in its memory.
 
-    python eval/ray_backpressure.py --seconds 120            # whisper-base, serve's defaults
+    python eval/ray_backpressure.py --seconds 120 [--dev DIR]    # whisper-base, serve's defaults
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -26,23 +22,11 @@ from pathlib import Path
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from asr_spec.audio import load_audio
 from asr_spec.clients.stream import connect_session
-from asr_spec.evaluation.provenance import provenance
+from asr_spec.evaluation.harness import add_data_args, data, served, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
-DEV = ROOT.parent / "shared" / "data" / "dev"
 FRAME = 1600  # 100 ms frames, as asr_spec stream sends
-
-
-def speech(seconds: float) -> np.ndarray:
-    items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
-    parts, total, i = [], 0, 0
-    while total < seconds * 16000:
-        a = load_audio(DEV / items[i % len(items)]["audio"])
-        parts += [a, np.zeros(9600, np.float32)]
-        total, i = total + len(a) + 9600, i + 1
-    return np.concatenate(parts)[: int(seconds * 16000)]
 
 
 def decoded_s(metrics_url: str) -> float:
@@ -86,29 +70,6 @@ def run(url: str, metrics_url: str, audio: np.ndarray) -> dict:
             "closed": "closed" in reader_done}
 
 
-def serving(cmd: list[str], health: str, metrics_url: str, log: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            urllib.request.urlopen(health, timeout=3)
-            urllib.request.urlopen(metrics_url, timeout=3)
-            return proc
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                os.killpg(proc.pid, signal.SIGKILL)
-                raise SystemExit(f"{' '.join(cmd)} did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(90)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=120.0)
@@ -116,24 +77,20 @@ def main() -> None:
     ap.add_argument("--metrics-port", type=int, default=9391)
     ap.add_argument("--out", default=str(ROOT / "eval" / "results" / "ray-backpressure.json"))
     ap.add_argument("serve_args", nargs="*", help="more options for both servers (after --)")
+    add_data_args(ap)
     args = ap.parse_args()
-    audio, base = speech(args.seconds), [sys.executable, "-m", "asr_spec", "serve", "--port", str(args.port)]
-    ws, health = f"ws://127.0.0.1:{args.port}", f"http://127.0.0.1:{args.port}/health"
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    results = {"provenance": provenance(0), "seconds": args.seconds, "serve_args": args.serve_args}
+    audio = data(args).session(args.seconds, 0).audio[: int(args.seconds * 16000)]
+    results = {"seconds": args.seconds, "serve_args": args.serve_args}
     for name, extra, metrics_url in (
             ("serve", [], f"http://127.0.0.1:{args.port}/metrics"),
             ("serve --ray --replicas 1", ["--ray", "--replicas", "1", "--metrics-port", str(args.metrics_port)],
              f"http://127.0.0.1:{args.metrics_port}/metrics")):
-        proc = serving(base + extra + args.serve_args, health, metrics_url, Path(tempfile.gettempdir()) / "serve.log")
-        try:
-            results[name] = run(ws, metrics_url, audio)
-        finally:
-            stop(proc)
+        with served(extra + args.serve_args, port=args.port, ready=[metrics_url],
+                    log=Path(tempfile.gettempdir()) / "serve.log") as server:
+            results[name] = run(server.ws, metrics_url, audio)
         print(name, results[name], flush=True)
-    out.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_results(Path(args.out), results, 0)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

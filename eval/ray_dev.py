@@ -2,7 +2,7 @@
 beside the same command run locally: wall times (alternating order, ``--repeat`` rounds) and whether every
 output file is identical (json compared without its timing statistics).
 
-    python eval/ray_dev.py --manifest ../shared/data/dev/manifest.jsonl --cpus 2 --workers 2 --out eval/results/ray
+    python eval/ray_dev.py [--dev DIR | --manifest FILE] --cpus 2 --workers 2 --out eval/results/ray
 """
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from asr_spec.evaluation.provenance import provenance
+from asr_spec.evaluation.harness import add_data_args, data, free_port, write_results
 
 # 'ray start' clusters use token authentication (Ray >= 2.59): this cluster and its driver share a token of their own
 ENV = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
@@ -51,19 +50,16 @@ def differences(a: Path, b: Path) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--manifest", required=True)
     ap.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray cluster")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=8, help="files in flight per process (local) or worker (ray)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--out", default="eval/out/ray")
+    add_data_args(ap)
     a = ap.parse_args()
-    manifest = Path(a.manifest)
-    files = [str(manifest.parent / json.loads(line)["audio"]) for line in manifest.read_text().splitlines() if line.strip()]
-    ray = str(Path(sys.executable).parent / "ray")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    dev = data(a)
+    files = [str(dev.audio_path(it)) for it in dev.items]
+    ray, port = str(Path(sys.executable).parent / "ray"), free_port()
     subprocess.run([ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus",
                     str(a.cpus), "--num-gpus", "0", "--include-dashboard", "false", "--disable-usage-stats"],
                    check=True, capture_output=True, env=ENV, timeout=300)
@@ -85,15 +81,13 @@ def main() -> None:
         diffs = [d for n in range(a.repeat) for d in differences(work / f"local-{n}", work / f"ray-{n}")]
     finally:
         subprocess.run([ray, "stop", "--force"], capture_output=True, env=ENV, timeout=120)
-    result = {"provenance": provenance(a.cpus), "files": len(files), "cpus": a.cpus, "workers": a.workers,
+    result = {"files": len(files), "cpus": a.cpus, "workers": a.workers,
               "batch_size": a.batch_size, "wall_s": runs,
               "median_wall_s": {k: statistics.median(v) for k, v in runs.items()},
               "ray_over_local": statistics.median(runs["ray"]) / statistics.median(runs["local"]),
               "differing_outputs": diffs}
     shutil.rmtree(work, ignore_errors=True)
-    Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / "results.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    print(json.dumps(write_results(Path(a.out) / "results.json", result, a.cpus, indent=2), indent=2))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Streaming WER and engine time of one engine setting: how the streaming encoder's defaults were chosen.
 
-    python eval/stream_settings.py NAME [field=value ...] [--limit 65] [--long 120] [--threads 2]
+    python eval/stream_settings.py NAME [field=value ...] [--limit 65] [--long 120] [--threads 2] [--dev DIR]
 
 ``field=value``: an ``EngineConfig`` field (``lookahead_s=2.0``, ``pad_s=3.0``, ``alignment=decode``,
 ``encoder_window=audio``); ``stream.field=value`` a ``StreamConfig`` one. The dev utterances (the first ``--limit``)
@@ -13,22 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
+from asr_spec.evaluation.harness import add_data_args, data, longform
+from asr_spec.evaluation.metrics import wer
+from asr_spec.models.loader import ModelOptions, load
+from asr_spec.streaming.config import EngineConfig, StreamConfig
+from asr_spec.streaming.engine import Engine, stream_audio
+from asr_spec.transcribe import TranscribeOptions, Transcriber
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from asr_spec.audio import load_audio  # noqa: E402
-from asr_spec.evaluation.metrics import wer  # noqa: E402
-from asr_spec.models.loader import ModelOptions, load  # noqa: E402
-from asr_spec.streaming.config import EngineConfig, StreamConfig  # noqa: E402
-from asr_spec.streaming.engine import Engine, stream_audio  # noqa: E402
-from asr_spec.transcribe import TranscribeOptions, Transcriber  # noqa: E402
-
-DEV = ROOT.parent / "shared" / "data" / "dev"
 
 
 def value(text: str) -> object:
@@ -47,6 +43,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=65)
     ap.add_argument("--long", type=float, default=120.0, help="seconds of the long-form talk (0: none)")
     ap.add_argument("--threads", type=int, default=2)
+    add_data_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     fields = dict(s.split("=", 1) for s in args.settings)
@@ -55,20 +52,20 @@ def main() -> None:
     target, draft = load(ModelOptions(compute_type="int8"))
     tr = Transcriber(target, draft)
     engine = Engine(tr, EngineConfig(**engine_fields))
-    items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()][: args.limit]
-    refs, hyps, stats, seconds = [], [], [], 0.0
-    for it in items:
-        audio = load_audio(DEV / it["audio"])
+    dev = data(args, args.limit)
+    hyps, stats, seconds = [], [], 0.0
+    for it in dev.items:
+        audio = dev.audio(it)
         seconds += len(audio) / 16000
         events = stream_audio(engine, audio, stream, stats=stats)
-        refs.append(it["text"])
         hyps.append("".join(e.join + e.text for e in events if e.type == "final"))
-    out = {"name": args.name, "settings": fields, "dev_files": len(items), "dev_wer": round(wer(refs, hyps), 2),
+    out = {"name": args.name, "settings": fields, "dev_files": len(dev.items),
+           "dev_wer": round(wer(dev.texts(), hyps), 2),
            "engine_s_per_stream_s": round(engine.busy_s / seconds, 3),
            "padded_retries": sum(s.fallbacks for s in stats), "decodes": sum(s.decodes for s in stats)}
     if args.long:
-        talk = json.loads((DEV / "longform" / "manifest.jsonl").read_text().splitlines()[0])
-        audio = load_audio(DEV / "longform" / talk["audio"])[: int(args.long * 16000)]
+        talks = longform(args)
+        audio = talks.audio(talks.items[0])[: int(args.long * 16000)]
         engine.busy_s, stats = 0.0, []
         events = stream_audio(engine, audio, stream, stats=stats)
         streamed = "".join(e.join + e.text for e in events if e.type == "final")

@@ -6,7 +6,7 @@ CTranslate2 checkpoint our weights are converted from. Words are paired by align
 (normalised text); reported: median / p90 |start and end difference| over paired words, and checks that our times
 are monotonic and inside their segment.
 
-    python eval/word_timestamps.py [--manifest ../shared/data/dev/manifest.jsonl] [--threads 2] [--out DIR]
+    python eval/word_timestamps.py [--dev DIR | --manifest FILE] [--limit N] [--threads 2] [--out DIR]
 """
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asr_spec.audio import load_audio
-from asr_spec.evaluation.provenance import provenance
+from asr_spec.evaluation.harness import add_data_args, data, write_results
 from asr_spec.models.loader import default_draft, load_draft, load_target
 from asr_spec.models.sources import embedded_ct2_dir
 from asr_spec.transcribe import TranscribeOptions, Transcriber
@@ -33,17 +32,15 @@ def norm(word: str) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--manifest", default=str(Path(__file__).resolve().parents[2] / "shared/data/dev/manifest.jsonl"))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--out", default="")
+    add_data_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    manifest = Path(args.manifest)
-    items = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
-    items = items[:args.limit] if args.limit else items
-    audios = [load_audio(manifest.parent / it["audio"]) for it in items]
+    dev = data(args, args.limit)
+    items, audios = dev.items, [dev.audio(it) for it in dev.items]
 
     target = load_target()
     tr = Transcriber(target, load_draft(default_draft("whisper-base"), target))
@@ -92,9 +89,7 @@ def main() -> None:
     report["cost_ratio_total"] = round(report["seconds_with"] / report["seconds_without"], 3)
     print(json.dumps(report, indent=1))
     if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        doc = {"provenance": provenance(args.threads), **report}
-        (Path(args.out) / "word_timestamps.json").write_text(json.dumps(doc, indent=1) + "\n")
+        write_results(Path(args.out) / "word_timestamps.json", report, args.threads)
 
 
 if __name__ == "__main__":

@@ -1,31 +1,13 @@
-"""eval/bench_streaming.py's pure parts: per-word latency from an event log and offline word times, words missing,
-the capacity summary."""
+"""The streaming benchmarks' pure parts (asr_spec/evaluation/streaming.py, used by eval/bench_streaming.py and
+bench_realtime.py): per-word latency from an event log and offline word times, words missing, the capacity summary."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "eval" / "bench_streaming.py"
-
-pytest.importorskip("jiwer")
-pytest.importorskip("whisper_normalizer")
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_streaming", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        del sys.modules[spec.name]
+from asr_spec.evaluation import streaming as bench
 
 
 def partial(text: str, join: str = " ") -> dict:
@@ -40,7 +22,7 @@ def word(text: str, start: float, end: float) -> SimpleNamespace:
     return SimpleNamespace(word=text, start=start, end=end)
 
 
-def test_partial_then_final_latency(bench):
+def test_partial_then_final_latency():
     offline = [bench.TimedWord("hello", 0.9, 0.5)]
     log = [(0.5, {"type": "ready"}), (1.2, partial("Hello", "")), (2.0, final("Hello.", "")), (2.5, {"type": "closed"})]
     lat = bench.word_latencies(log, offline)
@@ -50,7 +32,7 @@ def test_partial_then_final_latency(bench):
     assert lat["final_latency_linear"] == [pytest.approx(1.5)]
 
 
-def test_final_beginning_with_punctuation_and_a_changing_partial(bench):
+def test_final_beginning_with_punctuation_and_a_changing_partial():
     log = [(1.0, partial("so my", "")), (1.5, final("So my", "")), (2.0, partial("fellow", " ")),
            (2.5, partial("fellow Americans", " ")), (3.0, final(", fellow Americans", "")), (3.2, partial("ask", " "))]
     committed, first, final_at = bench.streamed_words(log)
@@ -59,20 +41,20 @@ def test_final_beginning_with_punctuation_and_a_changing_partial(bench):
     assert final_at == [1.5, 1.5, 3.0, 3.0]
 
 
-def test_final_continuing_the_last_word_commits_it_anew(bench):
+def test_final_continuing_the_last_word_commits_it_anew():
     committed, first, final_at = bench.streamed_words([(1.0, final("hel", "")), (2.0, final("lo there", ""))])
     assert committed == ["hello", "there"]
     assert final_at == [2.0, 2.0]
     assert first == [2.0, 2.0]
 
 
-def test_only_words_matching_the_offline_transcript_are_timed(bench):
+def test_only_words_matching_the_offline_transcript_are_timed():
     offline = [bench.TimedWord(w, end, end) for w, end in (("ask", 1.0), ("not", 1.5), ("what", 2.0))]
     lat = bench.word_latencies([(2.5, final("Ask nought what", ""))], offline)
     assert lat["final_latency"] == [pytest.approx(1.5), pytest.approx(0.5)]
 
 
-def test_words_missing(bench):
+def test_words_missing():
     offline = "and so my fellow americans ask not".split()
     assert bench.missing_words(offline, offline) == 0
     assert bench.missing_words(offline, "and so my fellow americans".split()) == 2  # the end never came
@@ -81,7 +63,7 @@ def test_words_missing(bench):
     assert bench.missing_words(offline, "and so my fellow americans ask not please".split()) == 0
 
 
-def test_timed_words_from_word_timestamps_and_linear_estimate(bench):
+def test_timed_words_from_word_timestamps_and_linear_estimate():
     seg = SimpleNamespace(start=1.0, end=3.0, words=[word(" Hi,", 1.0, 1.4), word(" U.S.", 1.5, 2.2),
                                                      word(" team", 2.3, 2.9)])
     timed = bench.timed_words([seg, SimpleNamespace(start=3.0, end=4.0, words=None)])
@@ -90,7 +72,7 @@ def test_timed_words_from_word_timestamps_and_linear_estimate(bench):
     assert [w.end_linear for w in timed] == pytest.approx([1.0 + 2 * 2 / 8, 1.0 + 2 * 3 / 8, 1.0 + 2 * 4 / 8, 3.0])
 
 
-def test_largest_real_time(bench):
+def test_largest_real_time():
     rows = [{"sessions": 1, "rtf": 0.3, "final_latency_median_s": 0.9},
             {"sessions": 4, "rtf": 0.8, "final_latency_median_s": 2.5},
             {"sessions": 8, "rtf": 0.95, "final_latency_median_s": 4.0},
@@ -99,7 +81,7 @@ def test_largest_real_time(bench):
     assert bench.largest_real_time([{"sessions": 1, "rtf": 0.3, "final_latency_median_s": None}]) is None
 
 
-def test_engine_probe_splits_the_inference_threads_time(bench):
+def test_engine_probe_splits_the_inference_threads_time():
     engine = SimpleNamespace(poll=lambda: (time.sleep(0.01), bool(due))[1], step=lambda: time.sleep(0.05) or {})
     probe = bench.EngineProbe(engine)
     due = [1]
@@ -116,7 +98,7 @@ def test_engine_probe_splits_the_inference_threads_time(bench):
     assert probe.inside_s == pytest.approx(0.08, abs=0.02)
 
 
-def test_words_an_offline_decode_invented_are_not_missing_from_a_stream(bench):
+def test_words_an_offline_decode_invented_are_not_missing_from_a_stream():
     """The offline reference's own inventions (a loop, a sentence made up in a pause) are not counted as missing when
     the stream does not say them; real words it drops still are."""
     offline = "printing in the only sense are imaginable to this fabric".split()

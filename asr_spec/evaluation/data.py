@@ -33,6 +33,46 @@ def manifest(path: Path | None = None) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@dataclass(frozen=True)
+class DataSet:
+    """A manifest's records (the first ``limit`` when given) and where their audio is."""
+    path: Path
+    items: list[dict]
+
+    @classmethod
+    def read(cls, path: Path, limit: int = 0) -> DataSet:
+        items = manifest(path)
+        return cls(path, items[:limit] if limit else items)
+
+    @property
+    def root(self) -> Path:
+        """The folder the records' audio paths are relative to."""
+        return self.path.parent
+
+    def audio_path(self, item: dict) -> Path:
+        return self.root / item["audio"]
+
+    def audio(self, item: dict) -> np.ndarray:
+        return load_audio(self.audio_path(item))
+
+    def texts(self) -> list[str]:
+        return [item.get("text", "") for item in self.items]
+
+    def session(self, seconds: float, offset: int) -> Session:
+        """:func:`session` over these records."""
+        return session(self.items, seconds, offset, self.root)
+
+
+def dev_set(dev: Path | None = None, limit: int = 0) -> DataSet:
+    """The dev set's utterances (``dev``: its folder, default :func:`dev_dir`)."""
+    return DataSet.read((dev or dev_dir()) / "manifest.jsonl", limit)
+
+
+def longform_set(dev: Path | None = None) -> DataSet:
+    """The dev set's long-form talk(s): ``longform/manifest.jsonl`` in its folder."""
+    return DataSet.read((dev or dev_dir()) / "longform" / "manifest.jsonl")
+
+
 @dataclass
 class Session:
     """A session's audio, its utterances ((start in seconds, audio) each) and their reference texts."""

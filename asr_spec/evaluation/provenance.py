@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import shlex
+import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,13 +40,23 @@ def command_line(argv: list[str] | None = None) -> str:
     return " ".join([head, *map(shlex.quote, argv[1:])])
 
 
-def provenance(threads: int, device: str = "cpu") -> dict:
-    """machine (CPU, cores; with a CUDA ``device``, its GPU too), threads, date (UTC, ISO 8601) and command of this
-    run."""
-    out = {"machine": cpu_name(), "cores": os.cpu_count(), "threads": threads,
-           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command_line()}
-    if device.startswith("cuda"):
-        import torch
+def git_commit() -> str | None:
+    """The checkout's commit (None outside a git checkout, or without git)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent,
+                              check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
 
+
+def provenance(threads: int, device: str = "cpu") -> dict:
+    """machine (CPU, cores; with a CUDA ``device``, its GPU too), threads, date (UTC, ISO 8601), command, Python and
+    torch versions and git commit of this run."""
+    import torch
+
+    out = {"machine": cpu_name(), "cores": os.cpu_count(), "threads": threads,
+           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command_line(),
+           "python": platform.python_version(), "torch": torch.__version__, "git_commit": git_commit()}
+    if device.startswith("cuda"):
         out["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return out

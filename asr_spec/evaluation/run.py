@@ -3,7 +3,6 @@ own process with the same thread count; then scores, report and plots."""
 from __future__ import annotations
 
 import json
-import platform
 import subprocess
 import sys
 import tempfile
@@ -51,8 +50,7 @@ def read_manifest(path: Path, limit: int = 0) -> list[dict]:
 
 
 def environment(threads: int, device: str = "cpu") -> dict:
-    """provenance() (machine, threads, date, command) and the software versions of this run."""
-    import torch
+    """provenance() (machine, threads, date, command, Python, torch, commit) and the other software versions."""
     import transformers
 
     def version(pkg: str) -> str | None:
@@ -63,14 +61,8 @@ def environment(threads: int, device: str = "cpu") -> dict:
         except Exception:  # noqa: BLE001
             return None
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, check=True).stdout.strip()
-    except Exception:  # noqa: BLE001
-        commit = None
-    return {**provenance(threads, device), "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "asr_spec": version("asr_spec"),
-            "faster_whisper": version("faster-whisper"), "ctranslate2": version("ctranslate2"), "git_commit": commit}
+    return {**provenance(threads, device), "transformers": transformers.__version__, "asr_spec": version("asr_spec"),
+            "faster_whisper": version("faster-whisper"), "ctranslate2": version("ctranslate2")}
 
 
 def run_system(spec: SystemSpec, setup: Setup, items: list[dict], repeat: int) -> dict:

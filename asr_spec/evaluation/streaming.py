@@ -1,0 +1,207 @@
+"""What the streaming benchmarks (eval/bench_streaming.py, bench_realtime.py, bench_delay.py, profile_stream.py)
+share: per-word latency from a session's event log against the offline transcript's word times, words missing,
+the capacity bar, how the server's inference thread spends its time, an in-process server around an engine, and
+clients streaming at real time from a process of their own.
+
+A word's partial latency is when it first appeared at its place in committed + partial text minus the time its
+audio ended (Whisper's word alignment of the offline transcript), its final latency when it was committed minus that
+time; ``*_linear`` the same against the old yardstick (the end estimated linearly in characters inside its offline
+segment).
+"""
+from __future__ import annotations
+
+import asyncio
+import difflib
+import multiprocessing
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+import numpy as np
+
+from ..alignment import Word
+from ..clients.stream import stream_file
+from ..recognizer import Recognizer
+from ..server.app import Server
+from ..server.config import ServerConfig
+from ..server.settings import ServeSettings
+from ..streaming.engine import Engine
+
+MAX_FINAL_LATENCY_S = 3.0  # the capacity bar: real time with final latency median at most this
+Log = list[tuple[float, dict]]  # (seconds since the session started, event)
+T = TypeVar("T")
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9']+", text.lower())
+
+
+@dataclass(frozen=True)
+class TimedWord:
+    word: str
+    end: float  # when its audio ended: Whisper's word alignment of the offline transcript
+    end_linear: float  # the old estimate: linear in characters inside its offline segment
+
+
+class HasWords(Protocol):  # the part of transcribe.Segment that timed_words reads
+    start: float
+    end: float
+    words: list[Word] | None
+
+
+def timed_words(segments: Sequence[HasWords]) -> list[TimedWord]:
+    """The offline transcript's words (as :func:`words` splits them), each with both end times."""
+    out = []
+    for seg in segments:
+        pieces = [(x, w.end) for w in seg.words or () for x in words(w.word)]
+        total, acc = sum(len(x) for x, _ in pieces) or 1, 0
+        for x, end in pieces:
+            acc += len(x)
+            out.append(TimedWord(x, end, seg.start + (seg.end - seg.start) * acc / total))
+    return out
+
+
+def streamed_words(log: Log) -> tuple[list[str], list[float], list[float]]:
+    """The session's committed words (its finals joined by their ``join`` strings) and, per word, when it first
+    appeared at its place in committed + partial text and when it was committed. A final that continues the last
+    committed word (no space in between) commits the whole word anew."""
+    text, committed, final_at, first = "", [], [], {}
+    for t, e in log:
+        if e["type"] not in ("partial", "final"):
+            continue
+        hyp = words(text + e["join"] + e["text"])
+        if e["type"] == "final":
+            text += e["join"] + e["text"]
+            keep = len(os.path.commonprefix([committed, hyp]))
+            committed, final_at = hyp, final_at[:keep] + [t] * (len(hyp) - keep)
+        for i, x in enumerate(hyp):
+            first.setdefault((i, x), t)
+    return committed, [first[(i, x)] for i, x in enumerate(committed)], final_at
+
+
+def word_latencies(log: Log, offline: list[TimedWord]) -> dict[str, list[float]]:
+    """Partial and final latency of every committed word that aligns with an offline word, from its aligned end
+    time and (``*_linear``) from the old linear estimate."""
+    committed, first, final_at = streamed_words(log)
+    match = difflib.SequenceMatcher(a=committed, b=[w.word for w in offline], autojunk=False)
+    keys = [f"{kind}_latency{suffix}" for kind in ("partial", "final") for suffix in ("", "_linear")]
+    out: dict[str, list[float]] = {key: [] for key in keys}
+    for block in match.get_matching_blocks():
+        for i, j in zip(range(block.a, block.a + block.size), range(block.b, block.b + block.size)):
+            for suffix, end in (("", offline[j].end), ("_linear", offline[j].end_linear)):
+                out["partial_latency" + suffix].append(first[i] - end)
+                out["final_latency" + suffix].append(final_at[i] - end)
+    return out
+
+
+def missing_words(offline: list[str], committed: list[str], reference: list[str] | None = None) -> int:
+    """Offline words with no counterpart in the finals: deleted ones, and those a shorter span replaced. With the
+    human ``reference``, only offline words the reference has count: words an offline decode invented (Whisper
+    looping, or a sentence made up in a pause) are not missing when a stream does not say them."""
+    real = set(range(len(offline)))
+    if reference is not None:
+        confirm = difflib.SequenceMatcher(a=offline, b=reference, autojunk=False)
+        real = {i for b in confirm.get_matching_blocks() for i in range(b.a, b.a + b.size)}
+    match = difflib.SequenceMatcher(a=offline, b=committed, autojunk=False)
+    return sum(max(0, sum(i in real for i in range(i1, i2)) - (j2 - j1))
+               for tag, i1, i2, j1, j2 in match.get_opcodes() if tag in ("delete", "replace"))
+
+
+def pct(xs: Sequence[float], q: float) -> float | None:
+    """The ``q`` quantile of ``xs`` (nearest rank, rounded to ms); None when empty."""
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else None
+
+
+def largest_real_time(rows: list[dict]) -> int | None:
+    """The most sessions served at real time (RTF < 1) with final latency median <= ``MAX_FINAL_LATENCY_S``."""
+    def ok(r: dict) -> bool:
+        latency = r["final_latency_median_s"]
+        return r["rtf"] < 1 and latency is not None and latency <= MAX_FINAL_LATENCY_S
+
+    return max((r["sessions"] for r in rows if ok(r)), default=None)
+
+
+class EngineProbe:
+    """How the server's inference thread spends its time, seen from outside (``poll`` and ``step`` wrapped;
+    nothing added to the engine's own accounting): inside the engine; between engine calls after a step or a
+    ``poll`` that found a stream due (the engine idle while a stream waits: delivering events, waiting for
+    the GIL); and after ``poll`` found nothing due (idle, nothing to do)."""
+
+    def __init__(self, engine: Engine):
+        self.inside_s = self.idle_due_s = self.idle_s = 0.0
+        self._end: float | None = None
+        self._due = False
+        poll, step = engine.poll, engine.step
+        engine.poll = lambda: self._call(poll, lambda due: due)
+        engine.step = lambda: self._call(step, lambda _: True)
+
+    def _call(self, fn: Callable[[], T], due: Callable[[T], bool]) -> T:
+        t0 = time.perf_counter()
+        if self._end is not None:
+            if self._due:
+                self.idle_due_s += t0 - self._end
+            else:
+                self.idle_s += t0 - self._end
+        out = fn()
+        self._end = time.perf_counter()
+        self.inside_s += self._end - t0
+        self._due = due(out)
+        return out
+
+    def shares(self, wall: float) -> dict[str, float]:
+        return {"engine_inside_share": round(self.inside_s / wall, 3),
+                "engine_idle_while_due_share": round(self.idle_due_s / wall, 3),
+                "engine_idle_share": round(self.idle_s / wall, 3)}
+
+
+def serve_engine(target, draft, settings: ServeSettings) -> Engine:
+    """The engine exactly as ``asr_spec serve`` builds it from its settings."""
+    return Engine(Recognizer(target, draft), settings.engine_config())
+
+
+@contextmanager
+def server_around(engine: Engine, config: ServerConfig, start_s: float = 30.0) -> Iterator[Server]:
+    """``asr_spec serve``'s server around ``engine`` in a thread of this process (``config.port`` 0: a free loopback
+    port, ``server.port`` once it listens); stopped on leaving."""
+    server, ready = Server(engine, config), threading.Event()
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve_forever(ready)), daemon=True)
+    thread.start()
+    if not ready.wait(start_s):
+        raise RuntimeError(f"the server did not start in {start_s:g} s")
+    try:
+        yield server
+    finally:
+        server.stop()
+        thread.join(10)
+
+
+def client(url: str, audio: np.ndarray, log: Log) -> None:
+    """Stream ``audio`` at real time; log (seconds since the stream started, event)."""
+    t0 = time.monotonic()
+    stream_file(url, audio, 1.0, lambda e: log.append((time.monotonic() - t0, e)))
+
+
+def clients_here(url: str, audios: list[np.ndarray]) -> tuple[list[Log], float]:
+    """Every audio streamed by its own client thread at once: their event logs, and the wall time until the last
+    closed."""
+    logs: list[Log] = [[] for _ in audios]
+    threads = [threading.Thread(target=client, args=(url, a, log)) for a, log in zip(audios, logs)]
+    t0 = time.monotonic()
+    for c in threads:
+        c.start()
+    for c in threads:
+        c.join()
+    return logs, time.monotonic() - t0
+
+
+def run_clients(url: str, audios: list[np.ndarray]) -> tuple[list[Log], float]:
+    """:func:`clients_here` in a process of their own, as real clients are: their Python work (pacing, framing,
+    reading events) does not share the server's interpreter lock, only the machine's cores."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(clients_here, (url, audios))
