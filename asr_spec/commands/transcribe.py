@@ -85,10 +85,11 @@ class TranscribeSettings:
         from ..recognizer import Checks, temperature_ladder
         from ..transcribe import TranscribeOptions
 
+        ladder = temperature_ladder(self.temperature, not self.no_fallback)
         return TranscribeOptions(language=self.language, task=self.task, timestamps=not self.no_timestamps,
                                  k=TranscribeOptions.k if self.k is None else self.k,
                                  draft_stop=TranscribeOptions.draft_stop if self.draft_stop is None else self.draft_stop,
-                                 checks=Checks(temperature_ladder(self.temperature, not self.no_fallback), seed=self.seed),
+                                 checks=Checks(ladder, seed=self.seed),
                                  encoder_window=self.encoder_window, adaptive_k=self.adaptive_k, chunked=self.chunked,
                                  initial_prompt=self.initial_prompt or None, hotwords=self.hotwords or None,
                                  word_timestamps=self.word_timestamps or self.word_cues)
@@ -164,8 +165,8 @@ class Console:
         self.lengths = [audio_seconds(f) for f in plan.files]
         self.done: dict[int, float] = {}  # audio seconds transcribed, by input
         self.bar = tqdm(total=round(sum(self.lengths), 1), unit="s", unit_scale=True, file=sys.stderr,
-                        disable=quiet or None, bar_format="{desc} {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s audio "
-                        "[{elapsed}<{remaining}]")
+                        disable=quiet or None,
+                        bar_format="{desc} {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s audio [{elapsed}<{remaining}]")
         self.bar.set_description(f"[0/{len(plan.files)} files]")
 
     def progress(self, i: int, seconds_done: float) -> None:
@@ -193,7 +194,8 @@ class Console:
             + (f", {p.batch_size} files in flight" if p.batch_size > 1 and len(p.files) > 1 else "") + where
             + f"; encoder {stats['encoder_seconds']:.2f} s, decode {stats['decode_seconds']:.2f} s), "
             f"{stats['tokens']} tokens, {stats['target_passes']} target passes"
-            + (f", acceptance {stats['acceptance']:.0%}, {stats['tokens_per_pass']:.2f} tokens/pass" if stats["drafted"] else "")
+            + (f", acceptance {stats['acceptance']:.0%}, {stats['tokens_per_pass']:.2f} tokens/pass"
+               if stats["drafted"] else "")
             + (f"; written as {p.out_dir / stem}.* ({name} is taken by an earlier input)"
                if p.out_dir is not None and stem != name else ""),
             file=sys.stderr)
