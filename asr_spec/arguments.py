@@ -1,0 +1,64 @@
+"""Command-line options generated from a frozen dataclass, as serve's are from ServeSettings: each field is one option
+(``output_dir`` is ``--output-dir``), its type says how argparse reads it (``type_kwargs``), ``option()`` gives its
+default, help and any other argparse keyword, and a field whose type is a dataclass adds that dataclass's options in
+its place. ``from_args`` builds the object back from the parsed namespace. No imports from asr_spec: any layer may
+describe its options this way."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import MISSING, field, fields, is_dataclass
+from types import NoneType, UnionType
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+T = TypeVar("T")
+
+
+def option(default: Any = MISSING, help: str | None = None, *, flag: str | None = None, positional: bool = False,
+           **argparse_kw: Any) -> Any:
+    """A field that is one option: ``flag`` (default: ``--`` and the field's name with dashes; ``positional``: the
+    field's name), ``default`` (none: the option is required), ``help`` and argparse's other keywords."""
+    return field(default=default, metadata={"flag": flag, "positional": positional, "help": help, "kw": argparse_kw})
+
+
+def type_kwargs(annotation: Any) -> dict[str, Any]:
+    """argparse's keywords for a value of this type: a flag for bool, a conversion for int and float, the choices of a
+    Literal; ``X | None`` as X; anything else (str, tuple[str, ...]) as it comes."""
+    if get_origin(annotation) in (Union, UnionType):
+        annotation = next(a for a in get_args(annotation) if a is not NoneType)
+    if annotation is bool:
+        return {"action": "store_true"}
+    if annotation in (int, float):
+        return {"type": annotation}
+    if get_origin(annotation) is Literal:
+        return {"choices": get_args(annotation)}
+    return {}
+
+
+def add_options(parser: argparse.ArgumentParser, settings: type) -> None:
+    """One option per field of ``settings``, in the fields' order."""
+    hints = get_type_hints(settings)
+    for f in fields(settings):
+        if is_dataclass(hints[f.name]):
+            add_options(parser, hints[f.name])
+            continue
+        kw = type_kwargs(hints[f.name]) | {"help": f.metadata["help"]} | f.metadata["kw"]
+        if f.default is not MISSING:
+            kw["default"] = f.default
+        if f.metadata["positional"]:
+            parser.add_argument(f.name, **kw)
+        else:
+            flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
+            parser.add_argument(flag, dest=f.name, required=f.default is MISSING, **kw)
+
+
+def from_args(settings: type[T], args: argparse.Namespace) -> T:
+    """The ``settings`` object of the parsed options (lists as tuples)."""
+    hints = get_type_hints(settings)
+    values = {}
+    for f in fields(settings):
+        if is_dataclass(hints[f.name]):
+            values[f.name] = from_args(hints[f.name], args)
+        else:
+            value = getattr(args, f.name)
+            values[f.name] = tuple(value) if isinstance(value, list) else value
+    return settings(**values)

@@ -1,0 +1,76 @@
+"""``asr_spec distill``: train a cheap draft for a Whisper target from unlabeled audio and text (asr_spec.distill)."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from ..arguments import option
+from ..models.compute import COMPUTE_TYPES
+
+if TYPE_CHECKING:
+    from ..distill.train import DistillOptions
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistillSettings:
+    target: str = option("whisper-base", "the Whisper model the draft will serve")
+    audio: tuple[str, ...] = option((), "folders of unlabeled audio (the target labels it)", nargs="+")
+    text: tuple[str, ...] = option((), "sentence files (one per line) to synthesize speech from", nargs="*")
+    out: str = option(help="output folder: the draft, checkpoints, cache, report, model card")
+    work: str | None = option(None, "label cache and checkpoints (default: OUT/work); rerunning resumes from it")
+    layers: str = option("", "target decoder layers to initialise from (default: first,last)")
+    head_size: int = option(4000, "text tokens in the draft's output layer (0: all)")
+    tts_clips: int = option(600, "clips to synthesize from --text")
+    tts_engines: str = option("", "comma list of espeak-ng, flite, festival (default: installed)")
+    session_seconds: float = option(120.0, "also join consecutive real clips into recordings this long and label "
+                                    "them window by window as transcribe decodes them (previous text as prompt); 0: off")
+    init: str | None = option(None, "continue training this draft (its layers, output layer and shortlist)")
+    minutes: float = option(20.0, "training time budget")
+    steps: int = option(0, "train this many steps instead of a time budget")
+    batch: int = option(16)
+    lr: float = option(7e-4)
+    seed: int = option(0)
+    threads: int = option(0)
+    compute_type: Literal[COMPUTE_TYPES] = option(
+        "float32", "compute type of the target that labels the audio (the draft learns that target's tokens; training "
+        "itself runs in float32): " + ", ".join(COMPUTE_TYPES), metavar="TYPE")
+
+    def options(self) -> DistillOptions:
+        from ..distill.train import DistillOptions
+
+        return DistillOptions(target=self.target, out=Path(self.out), work=Path(self.work) if self.work else None,
+                              audio=tuple(Path(a) for a in self.audio), text=tuple(Path(t) for t in self.text),
+                              layers=tuple(int(i) for i in self.layers.split(",")) if self.layers else (),
+                              head_size=self.head_size, tts_clips=self.tts_clips,
+                              tts_engines=tuple(e for e in self.tts_engines.split(",") if e), minutes=self.minutes,
+                              max_steps=self.steps, batch=self.batch, lr=self.lr, seed=self.seed,
+                              session_s=self.session_seconds, init=Path(self.init) if self.init else None,
+                              compute_type=self.compute_type)
+
+
+def distill(settings: DistillSettings) -> int:
+    import shlex
+
+    import torch
+
+    from ..distill.card import write_card
+    from ..distill.train import distill as train
+    from ..models.sources import ModelError
+
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    missing = [p for p in settings.audio + settings.text if not Path(p).exists()]
+    if missing:
+        print(f"error: not found: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    try:
+        report = train(settings.options())
+    except (ModelError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    write_card(Path(settings.out), report, "asr_spec distill " + " ".join(shlex.quote(a) for a in sys.argv[2:]))
+    print(f"draft written to {settings.out}: held-aside acceptance {report['held_aside_acceptance']:.1%} after "
+          f"{report['steps']} steps ({report['train_seconds'] / 60:.1f} min); use it with --draft {settings.out}")
+    return 0

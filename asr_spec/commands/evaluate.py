@@ -1,0 +1,76 @@
+"""``asr_spec eval``: WER parity, speed-up and memory against target-only and peer systems (asr_spec.evaluation)."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from ..arguments import option
+from ..models.compute import COMPUTE_TYPES
+from .models import DEFAULT_DRAFT
+
+if TYPE_CHECKING:
+    from ..evaluation.run import EvalOptions
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalSettings:
+    manifest: str = option(help='JSON lines of {"id", "audio", "text"} (audio relative to the file)')
+    limit: int = option(0, "first N utterances only")
+    systems: str = option("target,spec,draft,hf,hf-assisted,faster-whisper", (
+        "comma list of target, spec (the default: always K drafts), spec-fixed (the same), spec-adaptive (each pass "
+        "drafts the K measured to pay most), spec-chunked (--chunked), spec-fp32draft (the draft in float32 where spec "
+        "runs it in int8), spec-fullview (the draft reads the whole 30 s window, not only the audio's frames), "
+        "spec-sample, target-sample (sampling without the draft, same seeds), draft, hf, hf-assisted, faster-whisper, "
+        "faster-whisper-batched (its BatchedInferencePipeline); the faster-whisper systems run int8 and float32, or one "
+        "of them with -int8 / -float32 (faster-whisper-int8)"))
+    k: str = option("3", "comma list of K for spec (one run each)")
+    compute_type: Literal[COMPUTE_TYPES] = option("float32", "compute type of our systems without one in their name "
+                                                  "(spec-int8 names its own): " + ", ".join(COMPUTE_TYPES), metavar="TYPE")
+    encoder_window: Literal["full", "audio"] = option("full", "our systems' encoder input: padded 30 s windows "
+                                                      "(default) or only the audio")
+    draft_stop: str = option("0.3", "comma list of adaptive draft-length thresholds (one run per K and each)")
+    temperature: float = option(0.5, "temperature of spec-sample and target-sample")
+    seeds: int = option(1, "spec-sample and target-sample runs (seeds 0..N-1)")
+    repeat: int = option(1, "timing repeats per utterance (medians reported)")
+    out: str = option("eval/out", "directory for results.json, report.md and plots")
+    model: str = option("whisper-base")
+    draft: str = option(DEFAULT_DRAFT)
+    language: str = option("en", "language for every system ('' = detect)")
+    threads: int = option(0, "threads for every system (default: torch's)")
+    hotwords: str | None = option(None, "our systems' hotwords (as transcribe's)")
+    torch_device: str = option("cpu", "every system's device (cpu, cuda, ...)", flag="--device")
+    batch_size: str = option("1", "comma list (one run of each of our systems per size): files decoded together; "
+                             "faster-whisper-batched: its batch size (it batches the chunks of one file)")
+
+    def options(self) -> EvalOptions:
+        from ..evaluation.run import EvalOptions
+
+        return EvalOptions(manifest=Path(self.manifest), out=Path(self.out),
+                           systems=tuple(s.strip() for s in self.systems.split(",") if s.strip()),
+                           ks=tuple(int(k) for k in self.k.split(",")),
+                           draft_stops=tuple(float(p) for p in self.draft_stop.split(",")), limit=self.limit,
+                           repeat=self.repeat, compute_type=self.compute_type, encoder_window=self.encoder_window,
+                           temperature=self.temperature, seeds=self.seeds, model=self.model, draft=self.draft,
+                           language=self.language or None, threads=self.threads, device=self.torch_device,
+                           hotwords=self.hotwords or None,
+                           batch_sizes=tuple(int(n) for n in self.batch_size.split(",")))
+
+
+def evaluate(settings: EvalSettings) -> int:
+    from ..evaluation.report import table
+    from ..evaluation.run import evaluate as run
+
+    if not Path(settings.manifest).is_file():
+        print(f"error: no manifest at {settings.manifest}", file=sys.stderr)
+        return 1
+    options = settings.options()
+    try:
+        results = run(options)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(table(results))
+    print(f"\nreport: {options.out / 'report.md'}  results: {options.out / 'results.json'}")
+    return 0

@@ -1,0 +1,53 @@
+"""The model options of the commands that load models (--model/--draft/--no-draft/--device/--compute-type/--threads),
+and loading them with a line on stderr."""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from ..arguments import option
+from ..models.compute import COMPUTE_TYPES
+
+if TYPE_CHECKING:
+    from ..models.loader import Draft, ModelOptions, Whisper
+
+DEFAULT_DRAFT = "auto"  # the draft shipped for the target (asr_spec/drafts/), else none
+COMPUTE_HELP = ("precision of the whole model, CTranslate2's names: " + ", ".join(COMPUTE_TYPES) + "; int8 = int8 "
+                "weights with the best float the device computes natively; auto = the native type measured fastest "
+                "here (once, then kept in the cache directory). Each type gives slightly different text; "
+                "speculation is exact at every type (default %(default)s)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSettings:
+    model: str = option("whisper-base", "target: whisper-base (embedded), a local directory or a Hugging Face id")
+    draft: str = option(DEFAULT_DRAFT, "draft: 'auto' (the one shipped for the target), a directory or id "
+                        "(asr_spec distill output, decoder-only or full Whisper) or layers:I,J (untrained copy)")
+    no_draft: bool = option(False, "target-only decoding (the baseline)")
+    torch_device: str = option("cpu", "torch device (cpu, cuda, ...)", flag="--device")
+    compute_type: Literal[COMPUTE_TYPES] = option("float32", COMPUTE_HELP, metavar="TYPE")
+    threads: int = option(0, "torch CPU threads (default: torch's choice; with --ray: per worker, default 1)")
+
+    def options(self) -> ModelOptions:
+        from ..models.loader import ModelOptions
+
+        return ModelOptions(self.model, None if self.no_draft else self.draft, self.torch_device, self.compute_type,
+                            self.threads)
+
+
+def load(options: ModelOptions) -> tuple[Whisper, Draft | None] | None:
+    """(target, draft or None) as ``options`` say, or None after printing the error."""
+    from ..models.loader import load as load_models
+    from ..models.sources import ModelError
+
+    t0 = time.perf_counter()
+    try:
+        target, draft = load_models(options)
+    except ModelError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+    print(f"loaded {target.name}" + (f" + draft {draft.name}" if draft else " (no draft)")
+          + f" in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return target, draft
