@@ -13,8 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"asr_spec": ROOT / "asr_spec", "asr_spec.server": ROOT / "server", "asr_spec.clients": ROOT / "clients"}
 MAX_LINES = 400
 SOURCES = (".py", ".js", ".html", ".css")
-# TEMPORARY: cli.py is being shrunk below the limit by another change; the lead removes this exemption then.
-LONG_ALLOWED = {ROOT / "asr_spec" / "cli.py"}
+CLI_MAX_LINES = 350  # the command line: a parser over one module per command (asr_spec/commands/)
 
 
 def modules() -> dict[str, Path]:
@@ -92,7 +91,8 @@ def test_no_long_files():
     long = []
     for folder in FOLDERS.values():
         for path in sorted(folder.rglob("*")):
-            if path.suffix in SOURCES and path not in LONG_ALLOWED:
+            if path.suffix in SOURCES:
                 if (n := len(path.read_text().splitlines())) > MAX_LINES:
                     long.append(f"{path.relative_to(ROOT)}: {n} lines")
     assert not long, f"files over {MAX_LINES} lines: {long}"
+    assert len((ROOT / "asr_spec" / "cli.py").read_text().splitlines()) <= CLI_MAX_LINES
