@@ -6,6 +6,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import Enum, StrEnum
 
 import torch
 
@@ -21,6 +22,20 @@ from .models.loader import Draft, Whisper
 
 K = 3  # most drafted tokens per target pass, by default
 DRAFT_STOP = 0.3  # by default a pass stops drafting when the draft believes its proposal less than this
+
+
+class EncoderWindow(StrEnum):
+    """What the encoder reads of a window or a stream's buffer (``transcribe --encoder-window``,
+    ``EngineConfig.encoder_window``)."""
+    STREAM = "stream"  # streams only: each frame a bounded number of times, the rest kept (streaming/encoding.py)
+    AUDIO = "audio"  # the audio plus 2 s of silence, rounded up to whole seconds
+    FULL = "full"  # Whisper's padded 30 s window
+
+
+class Retry(Enum):
+    """Why a decoded window is decoded again (:meth:`Recognizer.retry`)."""
+    PAD = "pad"  # encoded shorter than 30 s and looks looped or fails the checks: again on the padded 30 s window
+    HOTTER = "hotter"  # fails Whisper's checks: again at the next temperature
 
 
 @dataclass(frozen=True)
@@ -143,17 +158,17 @@ class Recognizer:
         return repetitive or (o.logprob_threshold is not None and r.avg_logprob < o.logprob_threshold)
 
     def retry(self, r: RowResult, positions: int, padded: bool, attempt: int, o: Checks, ladder: bool = True
-              ) -> str | None:
+              ) -> Retry | None:
         """Whisper's temperature fallback, one decision at a time, for files and streams alike: what to do with a
         window decoded at attempt ``attempt`` of ``o.temperatures`` from ``positions`` encoder positions.
-        ``"pad"``: it was encoded shorter than Whisper's 30 s (not ``padded``) and looks looped or fails the checks,
-        so decode it again on the padded window, as Whisper would; ``"hotter"``: it fails the checks, so decode it
+        ``Retry.PAD``: it was encoded shorter than Whisper's 30 s (not ``padded``) and looks looped or fails the checks,
+        so decode it again on the padded window, as Whisper would; ``Retry.HOTTER``: it fails the checks, so decode it
         at the next temperature (only with ``ladder``); None: keep it."""
         fails = self.needs_fallback(r, o) if ladder else False
         if not padded and (self.suspect(r, positions) or fails):
-            return "pad"
+            return Retry.PAD
         if fails and attempt + 1 < len(o.temperatures):
-            return "hotter"
+            return Retry.HOTTER
         return None
 
     def suspect(self, r: RowResult, positions: int) -> bool:

@@ -15,7 +15,8 @@ from .audio import SAMPLE_RATE, Audio, AudioError, Cursor, blocks_of
 from .decoding.rows import RowResult, RowStats
 from .features import FRAMES_PER_SECOND, HOP, N_FRAMES, TOKEN_SECONDS, Features, encoder_frames
 from .alignment import Word, align
-from .recognizer import DRAFT_STOP, K, Checks, Recognizer, compression_ratio, nothing_said, pad_memories
+from .recognizer import (DRAFT_STOP, K, Checks, EncoderWindow, Recognizer, Retry, compression_ratio, nothing_said,
+                         pad_memories)
 from .vad import speech_chunks
 
 DRAFT_MARGIN = 50  # encoder frames (1 s) the draft reads past the window's audio
@@ -31,7 +32,8 @@ class TranscribeOptions:
     adaptive_k: bool = False  # greedy: each pass drafts the 0..k tokens measured to pay most (False: always k)
     checks: Checks = Checks()  # Whisper's thresholds, fallback temperatures and the sampling seed
     condition_on_previous_text: bool = True
-    encoder_window: str = "full"  # "full": Whisper's padded 30 s window; "audio": only the window's audio (faster)
+    # FULL: Whisper's padded 30 s window; AUDIO: only the window's audio (faster); its name ("full") will do
+    encoder_window: EncoderWindow = EncoderWindow.FULL
     chunked: bool = False  # decode a file's speech as independent <= 30 s pieces, batched, without prompts
     initial_prompt: str | None = None  # text before the first window (Whisper's initial_prompt: names, spelling)
     hotwords: str | None = None  # text before every window's previous text (faster-whisper's hotwords: names, terms)
@@ -39,6 +41,9 @@ class TranscribeOptions:
     # the draft reads the encoder output of the window's audio and this many frames after it (None: the whole
     # window, as the target does); it only proposes, so this changes speed, never the text
     draft_margin: int | None = DRAFT_MARGIN
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "encoder_window", EncoderWindow(self.encoder_window))
 
 
 @dataclass
@@ -247,7 +252,7 @@ class Transcriber(Recognizer):
         and on a CPU a batch is no faster (the encoder is compute-bound) while its attention matrices cost 0.6 GB
         at 8 windows."""
         for f in (f for f in files if f.memory is None):
-            f.frames = f.frames or encoder_frames(f.size, full=o.encoder_window == "full")
+            f.frames = f.frames or encoder_frames(f.size, full=o.encoder_window is EncoderWindow.FULL)
             self._encode_window(f)
 
     def _encode_window(self, f: _File) -> None:
@@ -290,7 +295,7 @@ class Transcriber(Recognizer):
         f.stats.decode.add(result.stats)
         if retry := self.retry(result, f.memory[0].shape[1], f.frames >= N_FRAMES, f.attempt, c):
             f.stats.fallbacks += 1
-            if retry == "pad":  # decode this window again the way Whisper does: padded to 30 s
+            if retry is Retry.PAD:  # decode this window again the way Whisper does: padded to 30 s
                 f.frames, f.memory = N_FRAMES, None
             else:
                 f.attempt += 1

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..recognizer import DRAFT_STOP, K, Checks
+from ..recognizer import DRAFT_STOP, K, Checks, EncoderWindow
 from . import POLICIES, STEP_S
-from .encoding import WINDOWS
 
 
 @dataclass(frozen=True)
@@ -40,10 +39,10 @@ class EngineConfig:
     max_batch: int = 8
     k: int = K
     draft_stop: float = DRAFT_STOP
-    # how a stream's buffer is encoded (encoding.py): "stream" (each frame a bounded number of times: the last
-    # ``lookahead_s`` of audio and ``pad_s`` of silence again at each step), "audio" (the whole buffer plus 2 s of
-    # silence at each step), "full" (Whisper's padded 30 s window at each step)
-    encoder_window: str = WINDOWS[0]
+    # how a stream's buffer is encoded (encoding.py): STREAM (each frame a bounded number of times: the last
+    # ``lookahead_s`` of audio and ``pad_s`` of silence again at each step), AUDIO (the whole buffer plus 2 s of
+    # silence at each step), FULL (Whisper's padded 30 s window at each step); its name ("audio") will do
+    encoder_window: EncoderWindow = EncoderWindow.STREAM
     lookahead_s: float = 2.0
     pad_s: float = 3.0
     # where AlignAtt's word times come from: "decode" (the cross-attention the decode recorded as it chose the
@@ -68,3 +67,6 @@ class EngineConfig:
     # once it has taken in at least this much audio
     load_window_s: float = 30.0
     load_min_audio_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "encoder_window", EncoderWindow(self.encoder_window))

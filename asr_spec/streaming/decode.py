@@ -18,7 +18,7 @@ from ..alignment import Alignment, Word, align, align_many, alignment_heads, dec
 from ..decoding.rows import SAMPLE_LEN, RowResult
 from ..features import HOP, N_FRAMES, SAMPLE_RATE
 from ..models.kv_decoder import CrossKV, stack_cross
-from ..recognizer import Recognizer, pad_memories
+from ..recognizer import EncoderWindow, Recognizer, Retry, pad_memories
 from .config import EngineConfig
 from .encoding import Encoded, encode_buffers, encode_whole
 from .events import Aligner
@@ -42,10 +42,11 @@ def decode_apart(rec: Recognizer, requests: list[Request], config: EngineConfig)
 def encode(rec: Recognizer, requests: list[Request], config: EngineConfig) -> list[Encoded]:
     """Each request's buffer encoded: the streaming encoder's in one forward for all of them (``encode_buffers``),
     the others (``encoder_window`` audio or full) one by one."""
-    streamed = [i for i, r in enumerate(requests) if r.encoder is not None and config.encoder_window == "stream"]
+    streaming = config.encoder_window is EncoderWindow.STREAM
+    streamed = [i for i, r in enumerate(requests) if r.encoder is not None and streaming]
     out: dict[int, Encoded] = dict(zip(streamed, encode_buffers([(requests[i].encoder, requests[i].audio,
                                                                    requests[i].start) for i in streamed])))
-    return [out[i] if i in out else encode_whole(rec, r.audio, full=config.encoder_window == "full")
+    return [out[i] if i in out else encode_whole(rec, r.audio, full=config.encoder_window is EncoderWindow.FULL)
             for i, r in enumerate(requests)]
 
 
@@ -109,11 +110,11 @@ def _next_try(rec: Recognizer, request: Request, results: list[RowResult], i: in
     retry = rec.retry(results[i], f.own.positions, f.padded, f.attempt, c.checks, ladder=request.final)
     if retry is None:
         return False
-    if retry == "pad" and not request.final:
+    if retry is Retry.PAD and not request.final:
         results[i] = _cut_overrun(rec, results[i], f.own.positions, len(request.prefix))
         return False
     f.tries += 1
-    if retry == "pad":  # looped, or failed the checks: decode it again as Whisper would, on 30 s
+    if retry is Retry.PAD:  # looped, or failed the checks: decode it again as Whisper would, on 30 s
         f.own, f.padded = encode_whole(rec, request.audio, full=True), True
     else:
         f.attempt += 1

@@ -1,8 +1,8 @@
 """A stream's buffer, encoded for its decodes: each audio frame a bounded number of times.
 
-A stream's buffer grows by a step of audio between re-decodes. Encoding it whole at every step (``"audio"``: the
-buffer plus 2 s of silence; ``"full"``: Whisper's padded 30 s window) costs the whole buffer per step. With
-``"stream"`` (the default) a :class:`BufferEncoder` keeps what it has encoded (models/stream_encoder.py): only the
+A stream's buffer grows by a step of audio between re-decodes. Encoding it whole at every step (``AUDIO``: the
+buffer plus 2 s of silence; ``FULL``: Whisper's padded 30 s window) costs the whole buffer per step. With
+``STREAM`` (the default) a :class:`BufferEncoder` keeps what it has encoded (models/stream_encoder.py): only the
 last ``lookahead_s`` of audio and ``pad_s`` of silence after it are encoded again at each step, attending to the
 frozen positions before them, and the decoders' cross-attention keys and values of the frozen positions are kept
 too. The log-mel scale follows the loudest frame so far. When the buffer loses its start (a commit trims it) the
@@ -18,9 +18,9 @@ import torch
 from ..features import HOP, N_FRAMES, encoder_frames, log_mel, log_mel_frames, scaled, window
 from ..models.kv_decoder import CrossKV, StaticDecoder
 from ..models.stream_encoder import EncoderCache, Tail, encode_tails, first_frame
-from ..recognizer import Recognizer
+from ..recognizer import EncoderWindow, Recognizer
 
-WINDOWS = ("stream", "audio", "full")  # how a buffer is encoded (EngineConfig.encoder_window); the first: default
+WINDOWS = tuple(EncoderWindow)  # how a buffer is encoded (EngineConfig.encoder_window); the first: default
 
 
 @dataclass

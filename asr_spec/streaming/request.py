@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
@@ -9,7 +10,13 @@ from ..decoding.rows import RowResult
 from .encoding import BufferEncoder
 from .events import Aligner
 
-KINDS = ("partial", "window", "final")
+
+
+class RequestKind(Enum):
+    """What a re-decode of a stream is for (``Stream.due``)."""
+    PARTIAL = "partial"  # re-decode the buffer: the policy commits what it may, the rest is the partial
+    WINDOW = "window"  # the buffer is full: commit its first 30 s up to a segment end
+    FINAL = "final"  # end of utterance or flush: commit everything
 
 
 @dataclass
@@ -22,8 +29,7 @@ class Request:
     task: str
     prefix: list[int]
     hint: list[int]
-    # "partial" (re-decode), "window" (commit the first 30 s up to a segment end), "final" (commit all)
-    kind: str
+    kind: RequestKind
     waited_s: float = 0.0  # how long the stream's oldest undecoded audio had waited when this was requested
     aligns: bool = False  # its continuation will be aligned (AlignAtt): the engine aligns such rows together
     timed: bool = False  # words of it may be timed (AlignAtt, word timestamps): its result comes with an aligner
@@ -33,7 +39,7 @@ class Request:
 
     @property
     def final(self) -> bool:
-        return self.kind != "partial"
+        return self.kind is not RequestKind.PARTIAL
 
 
 @dataclass
