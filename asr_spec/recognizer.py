@@ -18,6 +18,7 @@ from .decoding.rows import DecodeOptions, Decoders, Request, RowResult
 from .decoding.speculative import speculative_decode
 from .models.kv_decoder import CrossKV
 from .models.loader import Draft, Whisper
+from .models.pair import Pair
 
 
 K = 3  # most drafted tokens per target pass, by default
@@ -91,10 +92,12 @@ class Recognizer:
         self.encoder_calls = 0  # target-encoder forwards (a batch of windows or of streams' tails counts once)
         self.decoder_passes = 0  # target passes of the decodes (a pass over a batch counts once)
 
-    def encode(self, mel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def encode(self, mel: torch.Tensor) -> Pair[torch.Tensor]:
+        """The encoder outputs of log-mel windows [B, n_mels, frames]: the target's, and the draft's (None without a
+        draft)."""
         self.encoder_calls += 1
         enc = self.target.encode(mel)
-        return enc, (self.draft.encoder_out(mel, enc) if self.draft else None)
+        return Pair(enc, self.draft.encoder_out(mel, enc) if self.draft else None)
 
     @torch.inference_mode()
     def detect_language(self, target_memory: torch.Tensor, lengths: list[int] | None = None,
@@ -127,10 +130,10 @@ class Recognizer:
         tail = v.sot_sequence(language, task) + ([] if timestamps else [v.no_timestamps])
         return Request(head + tail, len(head))
 
-    def decode(self, memories: tuple[torch.Tensor, torch.Tensor | None], requests: list[Request],
+    def decode(self, memories: Pair[torch.Tensor], requests: list[Request],
                temperature: float = 0.0, timestamps: bool = True, *, k: int = K, draft_stop: float = DRAFT_STOP,
                seed: int = 0, use_draft: bool = True, adaptive_k: bool = False, keep_cross: bool = False,
-               cross: tuple[CrossKV | None, CrossKV | None] = (None, None),
+               cross: Pair[CrossKV | None] = Pair(None),
                attention_heads: tuple[tuple[int, int], ...] = ()) -> list[RowResult]:
         """One speculative decode of a batch of windows (``memories`` rows match ``requests``). Sampling
         (``temperature`` > 0) draws with noise keyed by ``seed`` and each request's key: the same tokens with

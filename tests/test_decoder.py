@@ -14,6 +14,7 @@ from asr_spec.decoding.logits import LogitRules
 from asr_spec.decoding.rows import DecodeOptions, Decoders, Request
 from asr_spec.decoding.speculative import speculative_decode
 from asr_spec.models.loader import load_draft
+from asr_spec.models.pair import Pair
 
 
 def _memory(batch: int, width: int = 32, seed: int = 0) -> torch.Tensor:
@@ -114,7 +115,7 @@ def _decode(model, draft, prompts, timestamps, k, sample_len=40, stop_below=0.0,
                         draft_memory_length=draft_view[i] if draft_view else None)
                 for i, p in enumerate(prompts)]
     options = DecodeOptions(LogitRules.whisper(v, timestamps), v.eot, v.no_speech, k=k, stop_below=stop_below)
-    return speculative_decode(Decoders(model.decoder, draft.decoder if draft else None, costs and (lambda _rows: costs)), (mem, mem), requests,
+    return speculative_decode(Decoders(model.decoder, draft.decoder if draft else None, costs and (lambda _rows: costs)), Pair(mem, mem), requests,
                               options)
 
 
@@ -329,10 +330,10 @@ def test_a_row_that_gives_up_stops_early_and_alone(tiny_target):
     mem = _memory(2)
     rules = DecodeOptions(LogitRules.whisper(v, True), v.eot, v.no_speech)
     requests = [Request(p, p.index(v.sot), sample_len=30) for p in PROMPTS[:2]]
-    alone = speculative_decode(Decoders(tiny_target.decoder), (mem, mem), requests, rules)
+    alone = speculative_decode(Decoders(tiny_target.decoder), Pair(mem, mem), requests, rules)
     assert len(alone[0].tokens) > 5
     stop = [replace(requests[0], give_up=lambda tokens, new: len(tokens) >= 5), requests[1]]
-    out = speculative_decode(Decoders(tiny_target.decoder), (mem, mem), stop, rules)
+    out = speculative_decode(Decoders(tiny_target.decoder), Pair(mem, mem), stop, rules)
     assert out[0].tokens == alone[0].tokens[:5] and out[1].tokens == alone[1].tokens
 
 

@@ -18,6 +18,7 @@ from ..alignment import Alignment, Word, align, align_many, alignment_heads, dec
 from ..decoding.rows import SAMPLE_LEN, RowResult
 from ..features import HOP, N_FRAMES, SAMPLE_RATE
 from ..models.kv_decoder import CrossKV, stack_cross
+from ..models.pair import Pair
 from ..recognizer import EncoderWindow, Recognizer, Retry, pad_memories
 from .config import EngineConfig
 from .encoding import Encoded, encode_buffers, encode_whole
@@ -54,12 +55,10 @@ def encode(rec: Recognizer, requests: list[Request], config: EngineConfig) -> li
 def decode_batch(rec: Recognizer, requests: list[Request], c: EngineConfig) -> list[Decoded]:
     encoded = encode(rec, requests, c)
     lengths = [e.positions for e in encoded]
-    memories = (pad_memories([e.memory for e in encoded]),
-                pad_memories([e.draft_memory for e in encoded]) if encoded[0].draft_memory is not None else None)
-    cross = (_stacked([e.cross for e in encoded]), _stacked([e.draft_cross for e in encoded]))
+    memories = _memories(encoded)
     languages = [r.language for r in requests]
     if rec.vocab.multilingual and None in languages:
-        detected = rec.detect_language(memories[0], lengths, [r.languages for r in requests])
+        detected = rec.detect_language(memories.target, lengths, [r.languages for r in requests])
         languages = [lang or d for lang, d in zip(languages, detected)]
     rows = [replace(rec.prompt(r.context, lang, r.task, timestamps=True, hotwords=r.hotwords), prefix=r.prefix, hint=r.hint,
                     sample_len=min(SAMPLE_LEN, len(r.prefix) + 16 + int(c.tokens_per_s * len(r.audio) / SAMPLE_RATE)))
@@ -70,7 +69,7 @@ def decode_batch(rec: Recognizer, requests: list[Request], c: EngineConfig) -> l
                      attention_heads=heads)
     short = [n < N_FRAMES // 2 for n in lengths]  # encoded shorter than 30 s: decoded again on 30 s if it loops
     results = decode(memories, [replace(row, memory_length=n, give_up=partial(rec.looping, positions=n) if s else None)
-                                for row, n, s in zip(rows, lengths, short)], cross=cross)
+                                for row, n, s in zip(rows, lengths, short)], cross=_cross(encoded))
     rounds = [_Fallback(e, not s) for e, s in zip(encoded, short)]
     todo = list(range(len(requests)))
     while todo:  # Whisper's fallback, the rows that need another decode decoded together, round by round
@@ -78,11 +77,9 @@ def decode_batch(rec: Recognizer, requests: list[Request], c: EngineConfig) -> l
         for attempt in sorted({rounds[i].attempt for i in todo}):
             group = [i for i in todo if rounds[i].attempt == attempt]
             own = [rounds[i].own for i in group]
-            mems = (pad_memories([e.memory for e in own]),
-                    pad_memories([e.draft_memory for e in own]) if own[0].draft_memory is not None else None)
-            again = decode(mems, [replace(rows[i], key=(attempt,), memory_length=e.positions) for i, e in zip(group, own)],
-                           c.checks.temperatures[attempt],
-                           cross=(_stacked([e.cross for e in own]), _stacked([e.draft_cross for e in own])))
+            again = decode(_memories(own), [replace(rows[i], key=(attempt,), memory_length=e.positions)
+                                            for i, e in zip(group, own)],
+                           c.checks.temperatures[attempt], cross=_cross(own))
             for i, result in zip(group, again):
                 results[i] = result
     memory, fallbacks = [f.own.memory for f in rounds], [f.tries for f in rounds]
@@ -130,6 +127,18 @@ def _cut_overrun(rec: Recognizer, result: RowResult, positions: int, prefix: int
     kept = result.logprobs[:cut - prefix]
     attention = None if result.attention is None else result.attention[:, :cut + 1]
     return replace(result, tokens=result.tokens[:cut], sum_logprob=sum(kept), logprobs=kept, attention=attention)
+
+
+def _memories(encoded: list[Encoded]) -> Pair[torch.Tensor]:
+    """The rows' encoder outputs as one batch each (zeros after each row's length)."""
+    draft = encoded[0].draft_memory is not None
+    return Pair(pad_memories([e.memory for e in encoded]),
+                pad_memories([e.draft_memory for e in encoded]) if draft else None)
+
+
+def _cross(encoded: list[Encoded]) -> Pair[CrossKV | None]:
+    """The rows' cross-attention keys and values as one batch each, where every row's are known."""
+    return Pair(_stacked([e.cross for e in encoded]), _stacked([e.draft_cross for e in encoded]))
 
 
 def _stacked(rows: list[CrossKV | None]) -> CrossKV | None:
