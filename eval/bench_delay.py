@@ -25,6 +25,7 @@ from asr_spec.recognizer import Recognizer
 from asr_spec.server.realtime_events import DELAYS, Settings
 from asr_spec.streaming.config import EngineConfig
 from asr_spec.streaming.engine import Engine
+from asr_spec.streaming.policy import AlignAtt
 
 CHUNK_S = 0.5
 
@@ -63,16 +64,17 @@ def main() -> None:
     audios = [load_audio(DEV / it["audio"]) for it in items]
     results = {"provenance": provenance(args.threads), "compute_type": target.precision.name, "step_s": SERVE.step,
                "policy": "alignatt", "utterances": len(items), "levels": {}}
-    for level, (margin, sure, unsure) in DELAYS.items():
+    for level, delay in DELAYS.items():
         engine = Engine(Recognizer(target, draft), EngineConfig(max_batch=SERVE.batch(), max_step_s=0.0))
-        config = replace(Settings(language="en", delay=level).stream(SERVE.step, "alignatt"), word_timestamps=True)
+        config = replace(Settings(language="en", delay=level).stream(SERVE.step, AlignAtt()), word_timestamps=True)
         texts, lags = [], []
         for audio in audios:
             text, lag = stream(engine, audio, config)
             texts.append(text)
             lags += lag
         lags.sort()
-        row = {"margin_s": margin, "sure_probability": sure, "unsure_margin_s": unsure,
+        row = {"margin_s": delay.margin_s, "sure_probability": delay.min_probability,
+               "unsure_margin_s": delay.unsure_margin_s,
                "wer": round(100 * wer_pair([it["text"] for it in items], texts), 2),
                "words_before_the_end": len(lags),
                "commit_lag_median_s": round(statistics.median(lags), 2) if lags else None,

@@ -33,6 +33,7 @@ from asr_spec.evaluation.provenance import provenance
 from asr_spec.models.loader import ModelOptions, load
 from asr_spec.server.app import Server
 from asr_spec.server.config import ServerConfig
+from asr_spec.streaming.policy import policy_named
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 RATE, FRAME = 24000, 2400  # 100 ms messages
@@ -103,7 +104,7 @@ def run(protocol: str, tr: Transcriber, target, draft, audios: list[np.ndarray],
     """N sessions of one protocol on a fresh server: their logs, engine busy time, wall time."""
     engine = serve_engine(target, draft, SERVE.batch(), SERVE.max_step)
     config = ServerConfig(port=0, max_sessions=len(audios) + 1, max_sessions_per_client=len(audios) + 1, step_s=step,
-                          commit_policy=SERVE.commit_policy)
+                          commit_policy=policy_named(SERVE.commit_policy))
     server, ready = Server(engine, config), threading.Event()
     thread = threading.Thread(target=lambda: asyncio.run(server.serve_forever(ready)), daemon=True)
     thread.start()

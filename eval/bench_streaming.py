@@ -63,6 +63,7 @@ from asr_spec.streaming.config import EngineConfig
 from asr_spec.streaming.encoding import WINDOWS
 from asr_spec.streaming.engine import Engine, stream_audio
 from asr_spec.streaming.config import StreamConfig
+from asr_spec.streaming.policy import CommitPolicy, policy_named
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +79,7 @@ def words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9']+", text.lower())
 
 
-def with_policy(cls: type, field: str, policy: str | None, **kwargs):
+def with_policy(cls: type, field: str, policy: CommitPolicy | None, **kwargs):
     """``cls(**kwargs)`` with ``field`` = ``policy`` when the dataclass has that field (older trees have none)."""
     if policy is not None and field in {f.name for f in fields(cls)}:
         kwargs[field] = policy
@@ -93,7 +94,7 @@ def wer_pair(ref: list[str], hyp: list[str]) -> float:
     return jiwer.wer([refs[i] for i in keep], [normalize(hyp[i]) for i in keep])
 
 
-def streaming_wer(tr: Transcriber, items: list[dict], root: Path, step: float, policy: str | None,
+def streaming_wer(tr: Transcriber, items: list[dict], root: Path, step: float, policy: CommitPolicy | None,
                   compare_hints: bool = False, config: EngineConfig = EngineConfig()) -> dict:
     """Offline vs streamed WER; with ``compare_hints`` also the streaming cost without hint drafts."""
     refs, offline, streamed = [], [], []
@@ -279,7 +280,7 @@ def serve_engine(target, draft, settings: ServeSettings) -> Engine:
 
 
 def capacity(tr: Transcriber, engine: Engine, items: list[dict], n: int, seconds: float, step: float,
-             policy: str | None) -> dict:
+             policy: CommitPolicy | None) -> dict:
     """One row: ``n`` real-time WebSocket sessions on a server around ``engine`` (a fresh one, as serve builds it)."""
     config = with_policy(ServerConfig, "commit_policy", policy, port=0, max_sessions=n + 1,
                          max_sessions_per_client=n + 1, step_s=step)
@@ -379,9 +380,9 @@ def wer_part(tr: Transcriber, items: list[dict], args: argparse.Namespace) -> di
         config = replace(SERVE.model_copy(update={"alignment": args.alignment}).engine_config(), encoder_window=win,
                          max_step_s=0.0)
         tag = "" if win == WINDOWS[0] else f"_{win}_window"
-        results["wer_dev" + tag] = streaming_wer(tr, dev, DEV, args.step, args.policy, config=config)
+        results["wer_dev" + tag] = streaming_wer(tr, dev, DEV, args.step, policy_named(args.policy), config=config)
         print("dev", win, results["wer_dev" + tag], flush=True)
-        results["wer_longform" + tag] = streaming_wer(tr, long_items, DEV / "longform", args.step, args.policy,
+        results["wer_longform" + tag] = streaming_wer(tr, long_items, DEV / "longform", args.step, policy_named(args.policy),
                                                       compare_hints=args.compare_hints and win == "audio", config=config)
         print("long-form", win, results["wer_longform" + tag], flush=True)
     return results
@@ -451,7 +452,7 @@ def main() -> None:
     results["capacity"] = []
     for n in (int(x) for x in args.sessions.split(",") if x):
         settings = serve.model_copy(update={"max_step": args.max_step, "alignment": args.alignment})
-        row = capacity(tr, serve_engine(target, draft, settings), items, n, args.seconds, args.step, args.policy)
+        row = capacity(tr, serve_engine(target, draft, settings), items, n, args.seconds, args.step, policy_named(args.policy))
         print(row, flush=True)
         results["capacity"].append(row)
     results["largest_real_time_sessions"] = largest_real_time(results["capacity"])

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from starlette.websockets import WebSocket
 
 from ..streaming.events import Event
+from ..streaming.policy import AlignAtt
 from .config import match_key
 from .protocol import ProtocolError
 from .realtime_events import (UPDATES, RealtimeAudio, RealtimeError, Settings, appended_audio, base64_audio,
@@ -198,9 +199,9 @@ class RealtimeSession(StreamSession):
             self.emit("transcription_session.updated" if event["type"] == "transcription_session.update"
                       else "session.updated", session=self.session_object())
             ignored = ignored_fields(event)
-            if new.delay and self.config.commit_policy != "alignatt":
+            if new.delay and not isinstance(self.config.commit_policy, AlignAtt):
                 ignored.append(("session.audio.input.transcription.delay", f"it sets AlignAtt's margins, and this "
-                                f"server commits by {self.config.commit_policy}"))
+                                f"server commits by {self.config.commit_policy.name}"))
             for param, why in ignored:
                 self.emit("warning", warning={"code": "ignored_parameter", "param": param,
                                               "message": f"{param} is accepted but has no effect: {why}"})

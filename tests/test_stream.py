@@ -8,6 +8,7 @@ import pytest
 from asr_spec.alignment import Word
 from asr_spec.decoding.rows import RowResult, RowStats
 from asr_spec.streaming.config import StreamConfig
+from asr_spec.streaming.policy import AlignAtt, LocalAgreement
 from asr_spec.streaming.request import Decoded, RequestKind
 from asr_spec.streaming.stream import Stream
 
@@ -78,7 +79,7 @@ def test_alignatt_commits_the_words_the_audio_already_supports(tokenizer):
     tb = tokenizer.vocab.timestamp_begin
     said = tokenizer.encode(" ask not what your country")
     aligner = _aligner(tokenizer, {" ask": 0.5, " not": 1.0, " what": 1.6, " your": 2.7, " country": 2.9})
-    for policy, committed in (("alignatt", "ask not what"), ("local-agreement", "")):
+    for policy, committed in ((AlignAtt(), "ask not what"), (LocalAgreement(), "")):
         s = _stream(tokenizer, 3, policy=policy)
         assert s.due() is RequestKind.PARTIAL
         events = s.apply(s.request(RequestKind.PARTIAL), Decoded(_result([tb] + said), aligner=aligner))
@@ -141,7 +142,7 @@ def test_a_long_buffer_is_trimmed_at_a_committed_segment_end(tokenizer):
     text becomes the prompt, the timestamps after it move with the buffer's start, and nothing is said twice."""
     tb = tokenizer.vocab.timestamp_begin
     first, second = tokenizer.encode(" One sentence."), tokenizer.encode(" And then more")
-    s = _stream(tokenizer, 13, policy="local-agreement")
+    s = _stream(tokenizer, 13, policy=LocalAgreement())
     tokens = [tb] + first + [tb + 300, tb + 300] + second
     for _ in range(2):  # the second decode agrees with the first: committed up to " more"'s start
         events = s.apply(s.request(RequestKind.PARTIAL), Decoded(_result(tokens)))

@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..recognizer import DRAFT_STOP, K, Checks, EncoderWindow
-from . import POLICIES, STEP_S
+from . import STEP_S
+from .policy import AlignAtt, CommitPolicy
 
 
 @dataclass(frozen=True)
@@ -28,10 +29,7 @@ class StreamConfig:
     word_timestamps: bool = False  # finals carry their words with times (Whisper's alignment; the engine adds them)
     hotwords: str = ""  # words to favour, in the prompt before the committed text of every decode (faster-whisper's)
     prompt: str = ""  # text the first decodes are prompted with until text is committed (Whisper's initial_prompt)
-    policy: str = POLICIES[0]  # what a re-decode commits: "alignatt" or "local-agreement" (policy.py)
-    alignatt_margin_s: float = 0.5  # AlignAtt commits words that end at least this long before the decoded audio,
-    alignatt_min_probability: float = 0.8  # ... if the target is sure of them (probability at least this); else
-    alignatt_unsure_margin_s: float = 3.0  # ... once they end this long before it (policy.py)
+    policy: CommitPolicy = AlignAtt()  # what a re-decode commits, with its parameters: AlignAtt or LocalAgreement
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from .config import StreamConfig
 from .encoding import BufferEncoder
 from .events import Event, Emitter, StreamStats
 from .intake import Intake
-from .policy import Boundaries, policy_for
+from .boundaries import Boundaries
 from .request import Decoded, Request, RequestKind
 
 
@@ -36,8 +36,7 @@ class Stream:
         self.intake = Intake(self.stats, config.vad, config.vad_threshold, config.preroll_s)
         self.emit = Emitter(tokenizer, self.stats, config.interim, config.word_timestamps)
         self.boundaries = Boundaries(tokenizer)
-        self.policy = policy_for(config.policy, self.boundaries, config.alignatt_margin_s,
-                                 config.alignatt_min_probability, config.alignatt_unsure_margin_s)
+        self.policy = config.policy
         self.encoder = encoder
         self.language = config.language  # detected per utterance when None
         self.hotwords = tokenizer.encode(" " + config.hotwords.strip()) if config.hotwords.strip() else []
@@ -158,7 +157,8 @@ class Stream:
             return self._commit_window(cont, heard, cut_off=True)
         if not decoded.reliable:
             cont = []
-        n = self.policy.commit(cont, self.previous, lambda: self._words(self.committed, cont), heard / SAMPLE_RATE)
+        n = self.policy.commit(self.boundaries, cont, self.previous, lambda: self._words(self.committed, cont),
+                               heard / SAMPLE_RATE)
         agreed, events = cont[:n], []
         if agreed:
             if any(t < self.vocab.eot for t in agreed):  # a lone timestamp is committed without an empty final
