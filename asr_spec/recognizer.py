@@ -14,7 +14,7 @@ from .decoding.budget import PassClock
 from .decoding.costs import BatchCosts
 from .decoding.logits import LogitRules
 from .decoding.sampling import Sampler
-from .decoding.rows import DecodeOptions, Decoders, Request, RowResult
+from .decoding.rows import DecodeOptions, Decoders, RowRequest, RowResult
 from .decoding.speculative import speculative_decode
 from .models.kv_decoder import CrossKV
 from .models.loader import Draft, Whisper
@@ -117,7 +117,7 @@ class Recognizer:
         return [codes[i] for i in logits[:, ids].argmax(dim=-1).tolist()]
 
     def prompt(self, previous: list[int], language: str | None, task: str, timestamps: bool,
-               hotwords: list[int] | tuple[int, ...] = ()) -> Request:
+               hotwords: list[int] | tuple[int, ...] = ()) -> RowRequest:
         """The decode request of a window: Whisper's prompt (previous text after <|startofprev|>, then the
         start-of-transcript sequence); prefix, hint, length and sampling key are added with ``replace``.
         ``hotwords``: tokens placed before the previous text in every window (faster-whisper's ``hotwords``), which
@@ -128,9 +128,9 @@ class Recognizer:
         room = budget - len(hot)
         head = [v.sot_prev] + hot + (previous[-room:] if room else []) if previous or hot else []
         tail = v.sot_sequence(language, task) + ([] if timestamps else [v.no_timestamps])
-        return Request(head + tail, len(head))
+        return RowRequest(head + tail, len(head))
 
-    def decode(self, memories: Pair[torch.Tensor], requests: list[Request],
+    def decode(self, memories: Pair[torch.Tensor], requests: list[RowRequest],
                temperature: float = 0.0, timestamps: bool = True, *, k: int = K, draft_stop: float = DRAFT_STOP,
                seed: int = 0, use_draft: bool = True, adaptive_k: bool = False, keep_cross: bool = False,
                cross: Pair[CrossKV | None] = Pair(None),
@@ -190,7 +190,7 @@ class Recognizer:
 
     def looping(self, tokens: list[int], new: int, positions: int) -> bool:
         """Whether ``overrun`` finds something in the last ``new`` of ``tokens``: a timestamp past ``positions``, or
-        a repeated phrase that ends there. Checked as a decode goes (``Request.give_up``), it stops a row as soon
+        a repeated phrase that ends there. Checked as a decode goes (``RowRequest.give_up``), it stops a row as soon
         as its result is sure to be suspect, looking only at what the pass added."""
         if self._late(tokens, positions, len(tokens) - new) is not None:
             return True

@@ -291,7 +291,7 @@ def capacity(tr: Transcriber, engine: Engine, items: list[dict], n: int, seconds
     sessions = [session(items, seconds, 7 * i, DEV) for i in range(n)]
     audios = [s.audio for s in sessions]
     busy0, probe = engine.busy_s, EngineProbe(engine)
-    rec = engine.transcriber
+    rec = engine.recognizer
     calls0, passes0, ticks0 = rec.encoder_calls, rec.decoder_passes, engine.ticks
     logs, wall = run_clients(f"ws://127.0.0.1:{server.port}", audios)
     ticks = max(1, engine.ticks - ticks0)

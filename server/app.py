@@ -61,7 +61,7 @@ class Server:
         self.metrics = Metrics()
         # each session runs one call at a time here (its reader's), plus one at its close or the shutdown's drain
         self.pool = ThreadPoolExecutor(max_workers=2 * config.max_sessions + 2, thread_name_prefix="asr_spec-session")
-        self.languages = set(engine.transcriber.vocab.languages) or None
+        self.languages = set(engine.recognizer.vocab.languages) or None
         self.language_names = {code: LANGUAGES.get(code, code) for code in self.languages} if self.languages else None
         self._wake = threading.Event()
         self._stop = threading.Event()

@@ -8,7 +8,7 @@ from conftest import DEV
 
 from asr_spec.audio import load_audio
 from asr_spec.decoding.sampling import Sampler
-from asr_spec.decoding.rows import DecodeOptions, Decoders, Request
+from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest
 from asr_spec.decoding.speculative import speculative_decode
 from asr_spec.features import log_mel, window
 from asr_spec.models.compute import ComputeTypeError, int8_kernels, resolve_compute_type, runnable
@@ -117,7 +117,7 @@ def _decode(target, draft, prompts, k, sampler=None, memory=None):
     from asr_spec.decoding.logits import LogitRules
 
     mem = _memory(len(prompts)) if memory is None else memory
-    requests = [Request(p, p.index(v.sot), sample_len=20, key=(i,)) for i, p in enumerate(prompts)]
+    requests = [RowRequest(p, p.index(v.sot), sample_len=20, key=(i,)) for i, p in enumerate(prompts)]
     o = DecodeOptions(LogitRules.whisper(v, True), v.eot, v.no_speech, sampler or Sampler(), k=k)
     return speculative_decode(Decoders(target.decoder, draft.decoder if draft else None), Pair(mem, mem), requests, o)
 
@@ -182,7 +182,7 @@ def test_a_row_decodes_to_the_same_bits_alone_and_in_any_company(typed_target):
     from asr_spec.decoding.logits import LogitRules
 
     def decode(rows: list[int], k: int):
-        requests = [Request(prompts[r], prompts[r].index(v.sot), sample_len=12, memory_length=lengths[r]) for r in rows]
+        requests = [RowRequest(prompts[r], prompts[r].index(v.sot), sample_len=12, memory_length=lengths[r]) for r in rows]
         o = DecodeOptions(LogitRules.whisper(v, True), v.eot, v.no_speech, k=k)
         mem = memory[rows]
         return [(r.tokens, r.sum_logprob) for r in speculative_decode(Decoders(typed_target.decoder, draft.decoder),

@@ -20,7 +20,7 @@ from ..models.pair import Pair
 from .budget import phase
 from .costs import CostModel, wall_clock
 from .recording import HeadRecorder
-from .rows import DecodeOptions, Decoders, Request, RowResult, RowStats
+from .rows import DecodeOptions, Decoders, RowRequest, RowResult, RowStats
 
 HINT_K = 8  # most hint tokens verified per pass
 
@@ -29,7 +29,7 @@ class DecodingTask:
     """One decode of a batch. Batch state (``seq``, ``n``, ``state``, caches; ``n_host``, ``dn``) holds the live
     rows in order; per-row lists are indexed by the row's place in ``requests``."""
 
-    def __init__(self, decoders: Decoders, memories: Pair[torch.Tensor], requests: list[Request],
+    def __init__(self, decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest],
                  options: DecodeOptions, cross: Pair[CrossKV | None] = Pair(None)):
         o = self.o = options
         self.target = decoders.target
@@ -325,7 +325,7 @@ class DecodingTask:
 
 
 @torch.inference_mode()
-def speculative_decode(decoders: Decoders, memories: Pair[torch.Tensor], requests: list[Request],
+def speculative_decode(decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest],
                        options: DecodeOptions, cross: Pair[CrossKV | None] = Pair(None)) -> list[RowResult]:
     """Decode one continuation per request. ``memories`` are the encoder outputs [B, S, D] the target and the
     draft cross-attend to (rows padded together when their ``memory_length`` differ). A pass drafts at most

@@ -23,12 +23,12 @@ from ..recognizer import EncoderWindow, Recognizer, Retry, pad_memories
 from .config import EngineConfig
 from .encoding import Encoded, encode_buffers, encode_whole
 from .events import Aligner
-from .request import Decoded, Request
+from .request import Decoded, StreamRequest
 
 log = logging.getLogger(__name__)
 
 
-def decode_apart(rec: Recognizer, requests: list[Request], config: EngineConfig) -> list[Decoded | Exception]:
+def decode_apart(rec: Recognizer, requests: list[StreamRequest], config: EngineConfig) -> list[Decoded | Exception]:
     """:func:`decode_batch`; if the batch raises, each request alone, so that a request that cannot be decoded fails
     by itself (its exception in its place) instead of failing, and being retried with, every batch."""
     try:
@@ -40,7 +40,7 @@ def decode_apart(rec: Recognizer, requests: list[Request], config: EngineConfig)
     return [out for r in requests for out in decode_apart(rec, [r], config)]
 
 
-def encode(rec: Recognizer, requests: list[Request], config: EngineConfig) -> list[Encoded]:
+def encode(rec: Recognizer, requests: list[StreamRequest], config: EngineConfig) -> list[Encoded]:
     """Each request's buffer encoded: the streaming encoder's in one forward for all of them (``encode_buffers``),
     the others (``encoder_window`` audio or full) one by one."""
     streaming = config.encoder_window is EncoderWindow.STREAM
@@ -52,7 +52,7 @@ def encode(rec: Recognizer, requests: list[Request], config: EngineConfig) -> li
 
 
 @torch.inference_mode()
-def decode_batch(rec: Recognizer, requests: list[Request], c: EngineConfig) -> list[Decoded]:
+def decode_batch(rec: Recognizer, requests: list[StreamRequest], c: EngineConfig) -> list[Decoded]:
     encoded = encode(rec, requests, c)
     lengths = [e.positions for e in encoded]
     memories = _memories(encoded)
@@ -99,7 +99,7 @@ class _Fallback:
     tries: int = 0
 
 
-def _next_try(rec: Recognizer, request: Request, results: list[RowResult], i: int, f: _Fallback,
+def _next_try(rec: Recognizer, request: StreamRequest, results: list[RowResult], i: int, f: _Fallback,
               c: EngineConfig) -> bool:
     """Whether row i's result is decoded again (``Recognizer.retry``, as for files), preparing ``f`` for it: on
     Whisper's padded 30 s window (a looped or failing row encoded shorter; a partial is cut where it went wrong
@@ -145,8 +145,8 @@ def _stacked(rows: list[CrossKV | None]) -> CrossKV | None:
     return stack_cross(rows) if rows and all(r is not None for r in rows) else None
 
 
-def _aligner(rec: Recognizer, request: Request, memory: torch.Tensor, language: str | None, result: RowResult,
-             known: dict[tuple, list[Word]]) -> Aligner:
+def _aligner(rec: Recognizer, request: StreamRequest, memory: torch.Tensor, language: str | None,
+             result: RowResult, known: dict[tuple, list[Word]]) -> Aligner:
     """Times words of a decode's tokens, Whisper's way (``align``), over the audio they were decoded from, in seconds
     from its start; the ``before`` tokens decoded ahead of them in that audio are aligned with them (their audio
     comes first) and their words dropped. ``known``: what the batch aligned already (AlignAtt's continuations)."""
@@ -162,7 +162,7 @@ def _aligner(rec: Recognizer, request: Request, memory: torch.Tensor, language: 
     return words
 
 
-def _decoded_continuations(rec: Recognizer, requests: list[Request], results: list[RowResult],
+def _decoded_continuations(rec: Recognizer, requests: list[StreamRequest], results: list[RowResult],
                            memory: list[torch.Tensor], languages: list[str | None]) -> list[dict[tuple, list[Word]]]:
     """:func:`_align_continuations` from the cross-attention each decode recorded as it chose its tokens."""
     out: list[dict[tuple, list[Word]]] = [{} for _ in requests]
@@ -175,7 +175,7 @@ def _decoded_continuations(rec: Recognizer, requests: list[Request], results: li
     return out
 
 
-def _align_continuations(rec: Recognizer, requests: list[Request], results: list[RowResult],
+def _align_continuations(rec: Recognizer, requests: list[StreamRequest], results: list[RowResult],
                          memory: list[torch.Tensor], languages: list[str | None]) -> list[dict[tuple, list[Word]]]:
     """The words of each aligning request's continuation after its prefix (what AlignAtt commits from), all rows in
     one pass of the target decoder; {(prefix, continuation): its words} per request."""

@@ -40,8 +40,8 @@ class Due:
 
 
 class Engine:
-    def __init__(self, transcriber: Recognizer, config: EngineConfig = EngineConfig()):
-        self.transcriber = transcriber
+    def __init__(self, recognizer: Recognizer, config: EngineConfig = EngineConfig()):
+        self.recognizer = recognizer
         self.config = config
         self._streams: dict[int, Stream] = {}
         self._lock = threading.Lock()  # guards ``_streams`` and the streams' state
@@ -57,9 +57,9 @@ class Engine:
     # --- sessions ---------------------------------------------------------------------------------------
     def open(self, config: StreamConfig = StreamConfig()) -> int:
         c = self.config
-        encoder = BufferEncoder(self.transcriber, c.lookahead_s, c.pad_s) \
+        encoder = BufferEncoder(self.recognizer, c.lookahead_s, c.pad_s) \
             if c.encoder_window is EncoderWindow.STREAM else None
-        stream = Stream(config, self.transcriber.target.tokenizer, encoder)
+        stream = Stream(config, self.recognizer.target.tokenizer, encoder)
         with self._lock:
             self._next_id += 1
             self._streams[self._next_id] = stream
@@ -170,7 +170,7 @@ class Engine:
         if not batch:
             self.busy_s += time.perf_counter() - t0
             return events
-        decoded = decode_apart(self.transcriber, requests, self.config)
+        decoded = decode_apart(self.recognizer, requests, self.config)
         with self._lock:
             self.decodes += len(batch)
             self.ticks += 1

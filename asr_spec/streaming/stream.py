@@ -22,7 +22,7 @@ from .encoding import BufferEncoder
 from .events import Event, Emitter, StreamStats
 from .intake import Intake
 from .boundaries import Boundaries
-from .request import Decoded, Request, RequestKind
+from .request import Decoded, RequestKind, StreamRequest
 
 
 class Stream:
@@ -110,7 +110,7 @@ class Stream:
             return []
         return None
 
-    def request(self, kind: RequestKind) -> Request:
+    def request(self, kind: RequestKind) -> StreamRequest:
         """The decode to run now for ``kind`` (from ``due``). A final of more than one window is committed
         window by window first."""
         audio = self.intake.audio
@@ -122,13 +122,13 @@ class Stream:
             audio = audio[:self._utterance_end()]
         hint = self.previous if self.config.use_hint else []
         context = self.context if kind is RequestKind.WINDOW else [t for t in self.context if t < self.vocab.eot]
-        return Request(audio, self.intake.start, context, self.language, self.config.task, list(self.committed), hint,
-                       kind, self.intake.taken(), aligns=kind is RequestKind.PARTIAL and self.policy.aligns,
-                       timed=self.policy.aligns or self.config.word_timestamps, encoder=self.encoder,
-                       hotwords=self.hotwords, languages=self.config.languages)
+        return StreamRequest(audio, self.intake.start, context, self.language, self.config.task, list(self.committed),
+                             hint, kind, self.intake.taken(), aligns=kind is RequestKind.PARTIAL and self.policy.aligns,
+                             timed=self.policy.aligns or self.config.word_timestamps, encoder=self.encoder,
+                             hotwords=self.hotwords, languages=self.config.languages)
 
     # --- results --------------------------------------------------------------------------------------
-    def apply(self, request: Request, decoded: Decoded) -> list[Event]:
+    def apply(self, request: StreamRequest, decoded: Decoded) -> list[Event]:
         """Take a decode's result: commit what it and the policy allow, return the events to send. A decode that
         failed Whisper's checks even after its fallback is never committed from by a partial."""
         self._decoded = decoded
@@ -137,7 +137,7 @@ class Stream:
         finally:
             self._decoded = None
 
-    def _apply(self, request: Request, decoded: Decoded) -> list[Event]:
+    def _apply(self, request: StreamRequest, decoded: Decoded) -> list[Event]:
         result = decoded.result
         self.stats.decodes += 1
         self.stats.fallbacks += decoded.fallbacks
