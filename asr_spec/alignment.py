@@ -177,8 +177,8 @@ def align_many(model: Whisper, windows: list[Alignment]) -> list[list[list[Word]
     cross = None
     if all(windows[i].cross is not None for i in rows):  # the decodes' own keys and values, padded alike
         pad = lambda ts: torch.cat([F.pad(t, (0, 0, 0, longest - t.shape[2])) for t in ts])  # noqa: E731
-        cross = ([pad([windows[i].cross[0][layer] for i in rows]) for layer in range(len(dec.layers))],
-                 [pad([windows[i].cross[1][layer] for i in rows]) for layer in range(len(dec.layers))])
+        cross = CrossKV([pad([windows[i].cross.keys[layer] for i in rows]) for layer in range(len(dec.layers))],
+                        [pad([windows[i].cross.values[layer] for i in rows]) for layer in range(len(dec.layers))])
     heads = alignment_heads(model)
     scores: dict[int, torch.Tensor | None] = {layer: None for layer, _ in heads}
     cache = dec.new_cache(memory, width, lengths if min(lengths) < longest else None, cross=cross)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import Enum, StrEnum
 
 import torch
 
@@ -13,14 +14,29 @@ from .decoding.budget import PassClock
 from .decoding.costs import BatchCosts
 from .decoding.logits import LogitRules
 from .decoding.sampling import Sampler
-from .decoding.rows import DecodeOptions, Decoders, Request, RowResult
+from .decoding.rows import DecodeOptions, Decoders, RowRequest, RowResult
 from .decoding.speculative import speculative_decode
 from .models.kv_decoder import CrossKV
 from .models.loader import Draft, Whisper
+from .models.pair import Pair
 
 
 K = 3  # most drafted tokens per target pass, by default
 DRAFT_STOP = 0.3  # by default a pass stops drafting when the draft believes its proposal less than this
+
+
+class EncoderWindow(StrEnum):
+    """What the encoder reads of a window or a stream's buffer (``transcribe --encoder-window``,
+    ``EngineConfig.encoder_window``)."""
+    STREAM = "stream"  # streams only: each frame a bounded number of times, the rest kept (streaming/encoding.py)
+    AUDIO = "audio"  # the audio plus 2 s of silence, rounded up to whole seconds
+    FULL = "full"  # Whisper's padded 30 s window
+
+
+class Retry(Enum):
+    """Why a decoded window is decoded again (:meth:`Recognizer.retry`)."""
+    PAD = "pad"  # encoded shorter than 30 s and looks looped or fails the checks: again on the padded 30 s window
+    HOTTER = "hotter"  # fails Whisper's checks: again at the next temperature
 
 
 @dataclass(frozen=True)
@@ -76,10 +92,12 @@ class Recognizer:
         self.encoder_calls = 0  # target-encoder forwards (a batch of windows or of streams' tails counts once)
         self.decoder_passes = 0  # target passes of the decodes (a pass over a batch counts once)
 
-    def encode(self, mel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def encode(self, mel: torch.Tensor) -> Pair[torch.Tensor]:
+        """The encoder outputs of log-mel windows [B, n_mels, frames]: the target's, and the draft's (None without a
+        draft)."""
         self.encoder_calls += 1
         enc = self.target.encode(mel)
-        return enc, (self.draft.encoder_out(mel, enc) if self.draft else None)
+        return Pair(enc, self.draft.encoder_out(mel, enc) if self.draft else None)
 
     @torch.inference_mode()
     def detect_language(self, target_memory: torch.Tensor, lengths: list[int] | None = None,
@@ -99,7 +117,7 @@ class Recognizer:
         return [codes[i] for i in logits[:, ids].argmax(dim=-1).tolist()]
 
     def prompt(self, previous: list[int], language: str | None, task: str, timestamps: bool,
-               hotwords: list[int] | tuple[int, ...] = ()) -> Request:
+               hotwords: list[int] | tuple[int, ...] = ()) -> RowRequest:
         """The decode request of a window: Whisper's prompt (previous text after <|startofprev|>, then the
         start-of-transcript sequence); prefix, hint, length and sampling key are added with ``replace``.
         ``hotwords``: tokens placed before the previous text in every window (faster-whisper's ``hotwords``), which
@@ -110,12 +128,12 @@ class Recognizer:
         room = budget - len(hot)
         head = [v.sot_prev] + hot + (previous[-room:] if room else []) if previous or hot else []
         tail = v.sot_sequence(language, task) + ([] if timestamps else [v.no_timestamps])
-        return Request(head + tail, len(head))
+        return RowRequest(head + tail, len(head))
 
-    def decode(self, memories: tuple[torch.Tensor, torch.Tensor | None], requests: list[Request],
+    def decode(self, memories: Pair[torch.Tensor], requests: list[RowRequest],
                temperature: float = 0.0, timestamps: bool = True, *, k: int = K, draft_stop: float = DRAFT_STOP,
                seed: int = 0, use_draft: bool = True, adaptive_k: bool = False, keep_cross: bool = False,
-               cross: tuple[CrossKV | None, CrossKV | None] = (None, None),
+               cross: Pair[CrossKV | None] = Pair(None),
                attention_heads: tuple[tuple[int, int], ...] = ()) -> list[RowResult]:
         """One speculative decode of a batch of windows (``memories`` rows match ``requests``). Sampling
         (``temperature`` > 0) draws with noise keyed by ``seed`` and each request's key: the same tokens with
@@ -143,17 +161,17 @@ class Recognizer:
         return repetitive or (o.logprob_threshold is not None and r.avg_logprob < o.logprob_threshold)
 
     def retry(self, r: RowResult, positions: int, padded: bool, attempt: int, o: Checks, ladder: bool = True
-              ) -> str | None:
+              ) -> Retry | None:
         """Whisper's temperature fallback, one decision at a time, for files and streams alike: what to do with a
         window decoded at attempt ``attempt`` of ``o.temperatures`` from ``positions`` encoder positions.
-        ``"pad"``: it was encoded shorter than Whisper's 30 s (not ``padded``) and looks looped or fails the checks,
-        so decode it again on the padded window, as Whisper would; ``"hotter"``: it fails the checks, so decode it
+        ``Retry.PAD``: it was encoded shorter than Whisper's 30 s (not ``padded``) and looks looped or fails the checks,
+        so decode it again on the padded window, as Whisper would; ``Retry.HOTTER``: it fails the checks, so decode it
         at the next temperature (only with ``ladder``); None: keep it."""
         fails = self.needs_fallback(r, o) if ladder else False
         if not padded and (self.suspect(r, positions) or fails):
-            return "pad"
+            return Retry.PAD
         if fails and attempt + 1 < len(o.temperatures):
-            return "hotter"
+            return Retry.HOTTER
         return None
 
     def suspect(self, r: RowResult, positions: int) -> bool:
@@ -172,7 +190,7 @@ class Recognizer:
 
     def looping(self, tokens: list[int], new: int, positions: int) -> bool:
         """Whether ``overrun`` finds something in the last ``new`` of ``tokens``: a timestamp past ``positions``, or
-        a repeated phrase that ends there. Checked as a decode goes (``Request.give_up``), it stops a row as soon
+        a repeated phrase that ends there. Checked as a decode goes (``RowRequest.give_up``), it stops a row as soon
         as its result is sure to be suspect, looking only at what the pass added."""
         if self._late(tokens, positions, len(tokens) - new) is not None:
             return True

@@ -15,7 +15,9 @@ from .audio import SAMPLE_RATE, Audio, AudioError, Cursor, blocks_of
 from .decoding.rows import RowResult, RowStats
 from .features import FRAMES_PER_SECOND, HOP, N_FRAMES, TOKEN_SECONDS, Features, encoder_frames
 from .alignment import Word, align
-from .recognizer import DRAFT_STOP, K, Checks, Recognizer, compression_ratio, nothing_said, pad_memories
+from .models.pair import Pair
+from .recognizer import (DRAFT_STOP, K, Checks, EncoderWindow, Recognizer, Retry, compression_ratio, nothing_said,
+                         pad_memories)
 from .vad import speech_chunks
 
 DRAFT_MARGIN = 50  # encoder frames (1 s) the draft reads past the window's audio
@@ -31,7 +33,8 @@ class TranscribeOptions:
     adaptive_k: bool = False  # greedy: each pass drafts the 0..k tokens measured to pay most (False: always k)
     checks: Checks = Checks()  # Whisper's thresholds, fallback temperatures and the sampling seed
     condition_on_previous_text: bool = True
-    encoder_window: str = "full"  # "full": Whisper's padded 30 s window; "audio": only the window's audio (faster)
+    # FULL: Whisper's padded 30 s window; AUDIO: only the window's audio (faster); its name ("full") will do
+    encoder_window: EncoderWindow = EncoderWindow.FULL
     chunked: bool = False  # decode a file's speech as independent <= 30 s pieces, batched, without prompts
     initial_prompt: str | None = None  # text before the first window (Whisper's initial_prompt: names, spelling)
     hotwords: str | None = None  # text before every window's previous text (faster-whisper's hotwords: names, terms)
@@ -39,6 +42,9 @@ class TranscribeOptions:
     # the draft reads the encoder output of the window's audio and this many frames after it (None: the whole
     # window, as the target does); it only proposes, so this changes speed, never the text
     draft_margin: int | None = DRAFT_MARGIN
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "encoder_window", EncoderWindow(self.encoder_window))
 
 
 @dataclass
@@ -111,7 +117,7 @@ class _File:
     seek: int = 0
     attempt: int = 0  # the current window's place on the temperature ladder
     frames: int = 0  # encoder frames of the current window (0: not encoded yet)
-    memory: tuple[torch.Tensor, torch.Tensor | None] | None = None  # its encoder outputs [1, S, D]
+    memory: Pair[torch.Tensor] | None = None  # its encoder outputs [1, S, D]
     features: Features | None = None  # while active
     segments: list[Segment] = field(default_factory=list)
     all_tokens: list[int] = field(default_factory=list)
@@ -247,7 +253,7 @@ class Transcriber(Recognizer):
         and on a CPU a batch is no faster (the encoder is compute-bound) while its attention matrices cost 0.6 GB
         at 8 windows."""
         for f in (f for f in files if f.memory is None):
-            f.frames = f.frames or encoder_frames(f.size, full=o.encoder_window == "full")
+            f.frames = f.frames or encoder_frames(f.size, full=o.encoder_window is EncoderWindow.FULL)
             self._encode_window(f)
 
     def _encode_window(self, f: _File) -> None:
@@ -256,7 +262,7 @@ class Transcriber(Recognizer):
         f.stats.encoder_seconds += time.perf_counter() - t0
         if self.vocab.multilingual and f.language is None:
             t0 = time.perf_counter()
-            f.language = self.detect_language(f.memory[0])[0]
+            f.language = self.detect_language(f.memory.target)[0]
             f.stats.decode_seconds += time.perf_counter() - t0
 
     def _decode(self, files: list[_File], o: TranscribeOptions, use_draft: bool) -> None:
@@ -265,10 +271,10 @@ class Transcriber(Recognizer):
         for attempt in sorted({f.attempt for f in files}):
             group = [f for f in files if f.attempt == attempt]
             t0 = time.perf_counter()
-            lengths = [f.memory[0].shape[1] for f in group]
+            lengths = [f.memory.target.shape[1] for f in group]
             ragged = len(set(lengths)) > 1
-            memories = (pad_memories([f.memory[0] for f in group]),
-                        None if group[0].memory[1] is None else pad_memories([f.memory[1] for f in group]))
+            memories = Pair(pad_memories([f.memory.target for f in group]),
+                            None if group[0].memory.draft is None else pad_memories([f.memory.draft for f in group]))
             hot = self.target.tokenizer.encode(" " + o.hotwords.strip()) if o.hotwords and o.hotwords.strip() else []
             requests = [replace(self.prompt(f.all_tokens[f.prompt_since:], f.language, o.task, o.timestamps, hot),
                                 key=(f.seek, attempt),  # sampling noise keyed by window and attempt
@@ -288,9 +294,9 @@ class Transcriber(Recognizer):
         looks wrong, else at the next temperature when it fails the checks), or keep it and seek on."""
         c = o.checks
         f.stats.decode.add(result.stats)
-        if retry := self.retry(result, f.memory[0].shape[1], f.frames >= N_FRAMES, f.attempt, c):
+        if retry := self.retry(result, f.memory.target.shape[1], f.frames >= N_FRAMES, f.attempt, c):
             f.stats.fallbacks += 1
-            if retry == "pad":  # decode this window again the way Whisper does: padded to 30 s
+            if retry is Retry.PAD:  # decode this window again the way Whisper does: padded to 30 s
                 f.frames, f.memory = N_FRAMES, None
             else:
                 f.attempt += 1
@@ -318,7 +324,7 @@ class Transcriber(Recognizer):
         back to the segment's timestamp instead); so words always lie inside their segment."""
         t0 = time.perf_counter()
         start = f.offset + f.seek / FRAMES_PER_SECOND
-        aligned = align(self.target, f.memory[0], size, f.language, o.task, [s.tokens for s in segments], r.cross)
+        aligned = align(self.target, f.memory.target, size, f.language, o.task, [s.tokens for s in segments], r.cross)
         durations = [w.end - w.start for words in aligned for w in words if w.end > w.start]
         median = min(0.7, float(np.median(durations))) if durations else 0.0
         for segment, words in zip(segments, aligned):

@@ -167,9 +167,11 @@ def run_remote(url: str, source, display: LiveLine, language: str | None, api_ke
 
 
 def run_local(engine, source, display: LiveLine, language: str | None, policy: str | None = None) -> None:
+    """Stream the microphone through an in-process engine; ``policy``: a commit policy's name (None: the default)."""
     from asr_spec.streaming.config import StreamConfig
+    from asr_spec.streaming.policy import policy_named
 
-    sid = engine.open(StreamConfig(language=language, **({"policy": policy} if policy else {})))
+    sid = engine.open(StreamConfig(language=language, **({"policy": policy_named(policy)} if policy else {})))
     try:
         while True:
             try:

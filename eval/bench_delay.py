@@ -24,6 +24,7 @@ from asr_spec.server.realtime_events import DELAYS, Settings
 from asr_spec.server.settings import ServeSettings
 from asr_spec.streaming.config import EngineConfig
 from asr_spec.streaming.engine import Engine
+from asr_spec.streaming.policy import AlignAtt
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ServeSettings()  # serve's own settings (its defaults, or ASR_SPEC_* as serve would read them)
@@ -64,17 +65,17 @@ def main() -> None:
     items, audios = dev.items, [dev.audio(it) for it in dev.items]
     results = {"compute_type": target.precision.name, "step_s": SERVE.step,
                "policy": "alignatt", "utterances": len(items), "levels": {}}
-    for level, (margin, sure, unsure) in DELAYS.items():
+    for level, delay in DELAYS.items():
         engine = Engine(Recognizer(target, draft), EngineConfig(max_batch=SERVE.batch(), max_step_s=0.0))
-        config = replace(Settings(language="en", delay=level).stream(SERVE.step, "alignatt"), word_timestamps=True)
+        config = replace(Settings(language="en", delay=level).stream(SERVE.step, AlignAtt()), word_timestamps=True)
         texts, lags = [], []
         for audio in audios:
             text, lag = stream(engine, audio, config)
             texts.append(text)
             lags += lag
         lags.sort()
-        row = {"margin_s": margin, "sure_probability": sure, "unsure_margin_s": unsure,
-               "wer": round(wer(dev.texts(), texts), 2),
+        row = {"margin_s": delay.margin_s, "sure_probability": delay.min_probability,
+               "unsure_margin_s": delay.unsure_margin_s, "wer": round(wer(dev.texts(), texts), 2),
                "words_before_the_end": len(lags),
                "commit_lag_median_s": round(statistics.median(lags), 2) if lags else None,
                "commit_lag_p90_s": round(lags[int(0.9 * (len(lags) - 1))], 2) if lags else None,

@@ -33,6 +33,7 @@ from asr_spec.evaluation.streaming import (Log, missing_words, pct, serve_engine
 from asr_spec.models.loader import ModelOptions, load
 from asr_spec.server.config import ServerConfig
 from asr_spec.server.settings import ServeSettings
+from asr_spec.streaming.policy import policy_named
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +107,7 @@ def run(protocol: str, target, draft, audios: list[np.ndarray], step: float) -> 
     """N sessions of one protocol on a fresh server: their logs, engine busy time, wall time."""
     engine = serve_engine(target, draft, SERVE)
     config = ServerConfig(port=0, max_sessions=len(audios) + 1, max_sessions_per_client=len(audios) + 1, step_s=step,
-                          commit_policy=SERVE.commit_policy)
+                          commit_policy=policy_named(SERVE.commit_policy))
     with server_around(engine, config) as server:
         logs: list[Log] = [[] for _ in audios]
         t0 = time.monotonic()

@@ -50,6 +50,7 @@ from asr_spec.server.settings import ServeSettings
 from asr_spec.streaming.config import EngineConfig, StreamConfig
 from asr_spec.streaming.encoding import WINDOWS
 from asr_spec.streaming.engine import Engine, stream_audio
+from asr_spec.streaming.policy import CommitPolicy, policy_named
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +59,7 @@ SERVE = ServeSettings()  # serve's own settings (its defaults, or ASR_SPEC_* as 
 
 # --- streaming WER -------------------------------------------------------------------------------------------
 
-def streaming_wer(tr: Transcriber, ds: DataSet, step: float, policy: str, compare_hints: bool = False,
+def streaming_wer(tr: Transcriber, ds: DataSet, step: float, policy: CommitPolicy, compare_hints: bool = False,
                   config: EngineConfig = EngineConfig()) -> dict:
     """Offline vs streamed WER; with ``compare_hints`` also the streaming cost without hint drafts."""
     offline, streamed = [], []
@@ -87,14 +88,15 @@ def streaming_wer(tr: Transcriber, ds: DataSet, step: float, policy: str, compar
 
 # --- capacity: a real server, real clients -------------------------------------------------------------------
 
-def capacity(tr: Transcriber, engine: Engine, dev: DataSet, n: int, seconds: float, step: float, policy: str) -> dict:
+def capacity(tr: Transcriber, engine: Engine, dev: DataSet, n: int, seconds: float, step: float,
+             policy: CommitPolicy) -> dict:
     """One row: ``n`` real-time WebSocket sessions on a server around ``engine`` (a fresh one, as serve builds it)."""
     config = ServerConfig(port=0, max_sessions=n + 1, max_sessions_per_client=n + 1, step_s=step, commit_policy=policy)
     sessions = [dev.session(seconds, 7 * i) for i in range(n)]
     audios = [s.audio for s in sessions]
     with server_around(engine, config) as server:
         busy0, probe = engine.busy_s, EngineProbe(engine)
-        rec = engine.transcriber
+        rec = engine.recognizer
         calls0, passes0, ticks0 = rec.encoder_calls, rec.decoder_passes, engine.ticks
         logs, wall = run_clients(f"ws://127.0.0.1:{server.port}", audios)
         ticks = max(1, engine.ticks - ticks0)
@@ -181,9 +183,9 @@ def wer_part(tr: Transcriber, args: argparse.Namespace) -> dict:
         config = replace(SERVE.model_copy(update={"alignment": args.alignment}).engine_config(), encoder_window=win,
                          max_step_s=0.0)
         tag = "" if win == WINDOWS[0] else f"_{win}_window"
-        results["wer_dev" + tag] = streaming_wer(tr, dev, args.step, args.policy, config=config)
+        results["wer_dev" + tag] = streaming_wer(tr, dev, args.step, policy_named(args.policy), config=config)
         print("dev", win, results["wer_dev" + tag], flush=True)
-        results["wer_longform" + tag] = streaming_wer(tr, talks, args.step, args.policy,
+        results["wer_longform" + tag] = streaming_wer(tr, talks, args.step, policy_named(args.policy),
                                                       compare_hints=args.compare_hints and win == "audio", config=config)
         print("long-form", win, results["wer_longform" + tag], flush=True)
     return results
@@ -253,7 +255,8 @@ def main() -> None:
     dev = data(args)
     for n in (int(x) for x in args.sessions.split(",") if x):
         settings = serve.model_copy(update={"max_step": args.max_step, "alignment": args.alignment})
-        row = capacity(tr, serve_engine(target, draft, settings), dev, n, args.seconds, args.step, args.policy)
+        row = capacity(tr, serve_engine(target, draft, settings), dev, n, args.seconds, args.step,
+                       policy_named(args.policy))
         print(row, flush=True)
         results["capacity"].append(row)
     results["largest_real_time_sessions"] = largest_real_time(results["capacity"])

@@ -88,7 +88,7 @@ def main() -> None:
     timed(speculative.DecodingTask, "prefill", "decode: prefill", totals)
     timed(speculative.DecodingTask, "verify", "decode: verify passes", totals)
     timed(speculative.DecodingTask, "draft_tokens", "decode: draft steps", totals)
-    timed(engine.transcriber, "decode", "decode", totals)
+    timed(engine.recognizer, "decode", "decode", totals)
     timed(decode_module, "align_many", "AlignAtt alignment", totals)
     engine.busy_s, engine.decodes = 0.0, 0
     profile = None if args.no_cprofile else cProfile.Profile()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asr_spec.streaming.config import StreamConfig
+from asr_spec.streaming.policy import CommitPolicy
 
 KEY_ENV = "ASR_SPEC_API_KEY"
 
@@ -34,7 +35,7 @@ class ServerConfig:
     # unread audio for as long as decoding takes, and the idle timeout finds a dead peer
     ping_interval_s: float = 20.0
     step_s: float = StreamConfig.step_s
-    commit_policy: str = StreamConfig.policy  # a session's start message may choose the other one
+    commit_policy: CommitPolicy = StreamConfig.policy  # a session's start message may choose the other one
     hotwords: str = ""  # sessions' hotwords where their start message names none
     max_backlog_s: float = 40.0  # a session's undecoded audio beyond which its socket is not read (backpressure)
     start_timeout_s: float = 10.0  # a connection must send its start message within this

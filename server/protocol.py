@@ -9,7 +9,7 @@ import numpy as np
 import soxr
 
 from asr_spec.audio import SAMPLE_RATE
-from asr_spec.streaming import POLICIES
+from asr_spec.streaming.policy import POLICIES, CommitPolicy, policy_named
 
 ENCODINGS = {"pcm_s16le": (np.dtype("<i2"), 32768.0), "f32le": (np.dtype("<f4"), 1.0)}
 TASKS = ("transcribe", "translate")
@@ -41,7 +41,7 @@ class Start:
     task: str = "transcribe"
     interim_results: bool = True
     word_timestamps: bool = False
-    commit_policy: str | None = None  # None: the server's (--commit-policy)
+    commit_policy: CommitPolicy | None = None  # None: the server's (--commit-policy)
     hotwords: str | None = None  # None: the server's (--hotwords)
 
 
@@ -108,13 +108,14 @@ def parse_start(msg: dict, languages: set[str] | None) -> Start:
     words = msg.get("word_timestamps", d.word_timestamps)
     if not isinstance(words, bool):
         raise ProtocolError("bad_start", "word_timestamps must be true or false")
-    policy = msg.get("commit_policy", d.commit_policy)
+    policy = msg.get("commit_policy")
     if policy is not None and policy not in POLICIES:
         raise ProtocolError("bad_start", f"commit_policy must be one of {', '.join(POLICIES)}, not {echo(policy)}")
     hotwords = msg.get("hotwords", d.hotwords)
     if hotwords is not None and (not isinstance(hotwords, str) or len(hotwords) > MAX_HOTWORDS):
         raise ProtocolError("bad_start", f"hotwords must be a string of at most {MAX_HOTWORDS} characters")
-    return Start(rate, encoding, channels, language, task, interim, words, policy, hotwords)
+    return Start(rate, encoding, channels, language, task, interim, words,
+                 d.commit_policy if policy is None else policy_named(policy), hotwords)
 
 
 class AudioDecoder:

@@ -21,6 +21,7 @@ from asr_spec.server.realtime_events import (UPDATES, RealtimeAudio, RealtimeErr
 from asr_spec.server.session import Message, StreamSession
 from asr_spec.server.shared import Shared
 from asr_spec.streaming.events import Event
+from asr_spec.streaming.policy import AlignAtt
 
 KEY_PROTOCOL = "openai-insecure-api-key."  # browsers: the key as a WebSocket subprotocol
 BETA_PROTOCOL = "openai-beta.realtime-v1"
@@ -200,9 +201,9 @@ class RealtimeSession(StreamSession):
             self.emit("transcription_session.updated" if event["type"] == "transcription_session.update"
                       else "session.updated", session=self.session_object())
             ignored = ignored_fields(event)
-            if new.delay and self.config.commit_policy != "alignatt":
+            if new.delay and not isinstance(self.config.commit_policy, AlignAtt):
                 ignored.append(("session.audio.input.transcription.delay", f"it sets AlignAtt's margins, and this "
-                                f"server commits by {self.config.commit_policy}"))
+                                f"server commits by {self.config.commit_policy.name}"))
             for param, why in ignored:
                 self.emit("warning", warning={"code": "ignored_parameter", "param": param,
                                               "message": f"{param} is accepted but has no effect: {why}"})

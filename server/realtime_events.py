@@ -10,6 +10,7 @@ import numpy as np
 
 from asr_spec.server.protocol import ECHO_FIELDS, MAX_HOTWORDS, AudioDecoder, ProtocolError, Start, echo, load_object
 from asr_spec.streaming.config import StreamConfig
+from asr_spec.streaming.policy import AlignAtt, CommitPolicy
 
 UPDATES = ("session.update", "transcription_session.update")
 CLIENT_EVENTS = (*UPDATES, "input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear")
@@ -26,13 +27,11 @@ WHY_IGNORED = {"session": "the server sets it (a transcription session has text 
                "idle_timeout_ms": "the server's idle timeout applies (serve --idle-timeout)",
                "eagerness": "semantic_vad's setting; server_vad ends turns after silence_duration_ms",
                "noise_reduction": "no noise filter is applied (Whisper is trained on noisy audio)"}
-# transcription.delay: how long AlignAtt waits before it commits a word (streaming/policy.py), as (margin after a word
-# the model is sure of, the probability that counts as sure, margin after any other word); medium is the server's.
+# transcription.delay: how long AlignAtt waits before it commits a word (streaming/policy.py): its margin after a word
+# the model is sure of, the probability that counts as sure, its margin after any other word; medium is the server's.
 # Measured on the dev set: docs/realtime.md, "delay" (python eval/bench_delay.py)
-DELAYS = {"minimal": (0.3, 0.6, 1.5), "low": (0.4, 0.7, 2.0),
-          "medium": (StreamConfig.alignatt_margin_s, StreamConfig.alignatt_min_probability,
-                     StreamConfig.alignatt_unsure_margin_s),
-          "high": (1.0, 0.9, 4.0), "xhigh": (2.0, 0.95, 6.0)}
+DELAYS = {"minimal": AlignAtt(0.3, 0.6, 1.5), "low": AlignAtt(0.4, 0.7, 2.0), "medium": AlignAtt(),
+          "high": AlignAtt(1.0, 0.9, 4.0), "xhigh": AlignAtt(2.0, 0.95, 6.0)}
 
 
 class RealtimeError(ProtocolError):
@@ -70,24 +69,24 @@ class Settings:
     vad: Vad | None = Vad()  # None: turns end at input_audio_buffer.commit only
     noise_reduction: str | None = None
     logprobs: bool = False
-    delay: str | None = None  # one of DELAYS (None: the server's commit policy as it is)
+    delay: str | None = None  # one of DELAYS: an AlignAtt server's (None: the server's commit policy as it is)
 
     @property
     def bytes_per_second(self) -> int:
         """Of the session's audio: 16-bit PCM at its rate, or G.711's byte per sample at 8 kHz."""
         return 2 * self.rate if self.format == "audio/pcm" else 8000
 
-    def stream(self, step_s: float, policy: str, hotwords: str = "") -> StreamConfig:
-        """The engine stream these settings ask for (``hotwords``: the server's, where the session names no keywords)."""
+    def stream(self, step_s: float, policy: CommitPolicy, hotwords: str = "") -> StreamConfig:
+        """The engine stream these settings ask for (``policy``, ``hotwords``: the server's; its AlignAtt takes the
+        session's delay, and its hotwords give way to the session's keywords)."""
         vad = self.vad or Vad()
-        margin, sure, unsure_margin = DELAYS[self.delay or "medium"]
+        if self.delay is not None and isinstance(policy, AlignAtt):
+            policy = DELAYS[self.delay]
         return StreamConfig(language=self.language, languages=self.languages, interim=True, step_s=step_s,
                             vad=self.vad is not None, vad_threshold=vad.threshold,
                             preroll_s=vad.prefix_padding_ms / 1000, end_silence_s=vad.silence_duration_ms / 1000,
                             policy=policy, prompt=self.prompt,
-                            hotwords=", ".join(self.keywords) if self.keywords else hotwords,
-                            alignatt_margin_s=margin, alignatt_min_probability=sure,
-                            alignatt_unsure_margin_s=unsure_margin)
+                            hotwords=", ".join(self.keywords) if self.keywords else hotwords)
 
     def as_dict(self, beta: bool) -> dict:
         """The session object of ``session.created``/``.updated`` (beta: ``transcription_session.*``)."""

@@ -13,7 +13,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from asr_spec.models import EMBEDDED
 from asr_spec.models.compute import COMPUTE_TYPES, amx
-from asr_spec.streaming import MAX_STEP_S, POLICIES, STEP_S
+from asr_spec.streaming import MAX_STEP_S, STEP_S
+from asr_spec.streaming.policy import POLICIES, policy_named
 
 if TYPE_CHECKING:  # imported where used: the CLI builds serve's options from this module at every start
     from asr_spec.models.loader import ModelOptions
@@ -144,7 +145,8 @@ class ServeSettings(BaseSettings):
 
         return ServerConfig(host=self.host, port=self.port, max_sessions=self.sessions(), max_load=self.max_load or None,
                             max_sessions_per_client=self.max_sessions_per_client, api_keys=api_keys,
-                            idle_timeout_s=self.idle_timeout, step_s=self.step, commit_policy=self.commit_policy,
+                            idle_timeout_s=self.idle_timeout, step_s=self.step,
+                            commit_policy=policy_named(self.commit_policy),
                             hotwords=self.hotwords, drain_s=self.drain_seconds, max_upload_s=self.max_upload_seconds)
 
 

@@ -42,7 +42,7 @@ class Shared:
     def __post_init__(self) -> None:
         self.pool = ThreadPoolExecutor(max_workers=2 * self.config.max_sessions + 2,
                                        thread_name_prefix="asr_spec-session")
-        self.languages = set(self.engine.transcriber.vocab.languages) or None
+        self.languages = set(self.engine.recognizer.vocab.languages) or None
         self.language_names = {code: LANGUAGES.get(code, code) for code in self.languages} if self.languages else None
 
     def register(self, sid: int, session: Listener) -> None:

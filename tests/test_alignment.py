@@ -10,6 +10,7 @@ from conftest import DEV
 from asr_spec.alignment import dtw
 from asr_spec.audio import load_audio
 from asr_spec.transcribe import TranscribeOptions, Transcriber
+from asr_spec.models.pair import Pair
 
 
 def _reference_dtw(cost: np.ndarray) -> tuple[list[int], list[int]]:
@@ -69,6 +70,7 @@ def test_windows_aligned_together_get_the_words_each_gets_alone(tiny_dir, comput
     import torch
 
     from asr_spec.alignment import Alignment, align, align_many
+    from asr_spec.models.kv_decoder import CrossKV
     from asr_spec.models.loader import load_target
 
     tiny_target = load_target(str(tiny_dir), compute_type=compute_type)
@@ -81,7 +83,7 @@ def test_windows_aligned_together_get_the_words_each_gets_alone(tiny_dir, comput
     together = align_many(tiny_target, [Alignment(m, 2 * m.shape[1], "en", "transcribe", s)
                                         for m, s in zip(memories, segments)])
     cross = [tiny_target.decoder.new_cache(m, 1) for m in memories]
-    scored = align_many(tiny_target, [Alignment(m, 2 * m.shape[1], "en", "transcribe", s, (c.cross_k, c.cross_v), 1)
+    scored = align_many(tiny_target, [Alignment(m, 2 * m.shape[1], "en", "transcribe", s, CrossKV(c.cross_k, c.cross_v), 1)
                                       for m, s, c in zip(memories, segments, cross)])
     as_tuples = lambda ws: [(w.word, w.start, w.end, w.tokens) for w in ws]  # noqa: E731
     for a, b, c in zip(alone, together, scored):
@@ -105,7 +107,7 @@ def test_a_decode_records_the_cross_attention_of_every_token_it_chose(tiny_targe
     prefix = tiny_target.tokenizer.encode(" and so")
     request = replace(rec.prompt([], "en", "transcribe", timestamps=False), prefix=prefix, sample_len=12)
     heads = ((0, 1), (1, 0))
-    result = rec.decode((memory, None), [request], timestamps=False, attention_heads=heads)[0]
+    result = rec.decode(Pair(memory), [request], timestamps=False, attention_heads=heads)[0]
     cont = result.tokens[len(prefix):]
     assert cont and len(result.logprobs) == len(cont)
     seq = request.prompt + result.tokens

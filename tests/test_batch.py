@@ -79,7 +79,7 @@ def test_batch_8_gives_the_text_of_one_file_at_a_time_on_dev_speech(base_model):
         prompt = tr.prompt([], "en", "transcribe", True).prompt + a[:j]
         dec = base_model.decoder
         with torch.inference_mode():
-            logits = dec(dec.new_cache(memory[0], len(prompt)), torch.tensor([prompt]),
+            logits = dec(dec.new_cache(memory.target, len(prompt)), torch.tensor([prompt]),
                          torch.arange(len(prompt))[None])[0, -1]
         ends = [x[j] if j < len(x) else base_model.vocab.eot for x in (a, b)]
         gap = float(logits[ends[0]] - logits[ends[1]])

@@ -8,13 +8,14 @@ from conftest import DEV
 
 from asr_spec.audio import load_audio
 from asr_spec.decoding.sampling import Sampler
-from asr_spec.decoding.rows import DecodeOptions, Decoders, Request
+from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest
 from asr_spec.decoding.speculative import speculative_decode
 from asr_spec.features import log_mel, window
 from asr_spec.models.compute import ComputeTypeError, int8_kernels, resolve_compute_type, runnable
 from asr_spec.models.linear import CUDA_ROWS, Int8, in_blocks
 from asr_spec.models.loader import ModelOptions, default_draft, load, load_draft, load_target
 from asr_spec.models.sources import ModelError
+from asr_spec.models.pair import Pair
 
 TYPES = ["float32", "bfloat16", "int8_float32", "int8_bfloat16"]
 needs_int8 = pytest.mark.skipif(not int8_kernels("cpu"), reason="no int8 CPU kernels here")
@@ -116,9 +117,9 @@ def _decode(target, draft, prompts, k, sampler=None, memory=None):
     from asr_spec.decoding.logits import LogitRules
 
     mem = _memory(len(prompts)) if memory is None else memory
-    requests = [Request(p, p.index(v.sot), sample_len=20, key=(i,)) for i, p in enumerate(prompts)]
+    requests = [RowRequest(p, p.index(v.sot), sample_len=20, key=(i,)) for i, p in enumerate(prompts)]
     o = DecodeOptions(LogitRules.whisper(v, True), v.eot, v.no_speech, sampler or Sampler(), k=k)
-    return speculative_decode(Decoders(target.decoder, draft.decoder if draft else None), (mem, mem), requests, o)
+    return speculative_decode(Decoders(target.decoder, draft.decoder if draft else None), Pair(mem, mem), requests, o)
 
 
 @pytest.fixture(scope="module", params=TYPES)
@@ -181,11 +182,11 @@ def test_a_row_decodes_to_the_same_bits_alone_and_in_any_company(typed_target):
     from asr_spec.decoding.logits import LogitRules
 
     def decode(rows: list[int], k: int):
-        requests = [Request(prompts[r], prompts[r].index(v.sot), sample_len=12, memory_length=lengths[r]) for r in rows]
+        requests = [RowRequest(prompts[r], prompts[r].index(v.sot), sample_len=12, memory_length=lengths[r]) for r in rows]
         o = DecodeOptions(LogitRules.whisper(v, True), v.eot, v.no_speech, k=k)
         mem = memory[rows]
         return [(r.tokens, r.sum_logprob) for r in speculative_decode(Decoders(typed_target.decoder, draft.decoder),
-                                                                      (mem, mem), requests, o)]
+                                                                      Pair(mem, mem), requests, o)]
 
     for k in (0, 3):
         alone = {r: decode([r], k)[0] for r in (1, 4, 6)}
@@ -225,7 +226,7 @@ def test_int8_speculation_equals_int8_target_on_dev_speech_batch_8_and_1(dev_man
         o = TranscribeOptions()
         spec = tr.decode(memories, [prompt] * len(batch), 0.0, True, k=o.k, draft_stop=o.draft_stop)
         for i, it in enumerate(batch):
-            mem_i = (memories[0][i:i + 1], memories[1][i:i + 1])
+            mem_i = Pair(memories.target[i:i + 1], memories.draft[i:i + 1])
             ref = tr.decode(mem_i, [prompt], 0.0, True, k=0, use_draft=False)[0]
             lines += compare(tr, mem_i[0], prompt.prompt, ref.tokens, spec[i].tokens, True, it["id"])
             accepted += spec[i].stats.accepted

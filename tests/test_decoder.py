@@ -11,9 +11,10 @@ from asr_spec.decoding.costs import FIRST_TRIES, MAX_PROBE_EVERY, PROBE_EVERY, C
 from asr_spec.models.compute import int8_kernels
 from asr_spec.models.kv_decoder import StaticDecoder
 from asr_spec.decoding.logits import LogitRules
-from asr_spec.decoding.rows import DecodeOptions, Decoders, Request
+from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest
 from asr_spec.decoding.speculative import speculative_decode
 from asr_spec.models.loader import load_draft
+from asr_spec.models.pair import Pair
 
 
 def _memory(batch: int, width: int = 32, seed: int = 0) -> torch.Tensor:
@@ -110,11 +111,11 @@ def _decode(model, draft, prompts, timestamps, k, sample_len=40, stop_below=0.0,
     v = model.vocab
     mem = _memory(len(prompts))
     limits = sample_len if isinstance(sample_len, list) else [sample_len] * len(prompts)
-    requests = [Request(p, p.index(v.sot), prefixes[i] if prefixes else [], hints[i] if hints else [], limits[i],
+    requests = [RowRequest(p, p.index(v.sot), prefixes[i] if prefixes else [], hints[i] if hints else [], limits[i],
                         draft_memory_length=draft_view[i] if draft_view else None)
                 for i, p in enumerate(prompts)]
     options = DecodeOptions(LogitRules.whisper(v, timestamps), v.eot, v.no_speech, k=k, stop_below=stop_below)
-    return speculative_decode(Decoders(model.decoder, draft.decoder if draft else None, costs and (lambda _rows: costs)), (mem, mem), requests,
+    return speculative_decode(Decoders(model.decoder, draft.decoder if draft else None, costs and (lambda _rows: costs)), Pair(mem, mem), requests,
                               options)
 
 
@@ -321,18 +322,18 @@ def test_a_decode_with_the_cost_model_is_exact_and_follows_it(tiny_target, faste
 
 
 def test_a_row_that_gives_up_stops_early_and_alone(tiny_target):
-    """``Request.give_up`` ends a row as soon as its tokens so far satisfy it (streaming: a loop, whose result is
+    """``RowRequest.give_up`` ends a row as soon as its tokens so far satisfy it (streaming: a loop, whose result is
     decoded again anyway); the other rows of the batch go on to the tokens they decode alone."""
     from dataclasses import replace
 
     v = tiny_target.vocab
     mem = _memory(2)
     rules = DecodeOptions(LogitRules.whisper(v, True), v.eot, v.no_speech)
-    requests = [Request(p, p.index(v.sot), sample_len=30) for p in PROMPTS[:2]]
-    alone = speculative_decode(Decoders(tiny_target.decoder), (mem, mem), requests, rules)
+    requests = [RowRequest(p, p.index(v.sot), sample_len=30) for p in PROMPTS[:2]]
+    alone = speculative_decode(Decoders(tiny_target.decoder), Pair(mem, mem), requests, rules)
     assert len(alone[0].tokens) > 5
     stop = [replace(requests[0], give_up=lambda tokens, new: len(tokens) >= 5), requests[1]]
-    out = speculative_decode(Decoders(tiny_target.decoder), (mem, mem), stop, rules)
+    out = speculative_decode(Decoders(tiny_target.decoder), Pair(mem, mem), stop, rules)
     assert out[0].tokens == alone[0].tokens[:5] and out[1].tokens == alone[1].tokens
 
 

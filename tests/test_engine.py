@@ -7,6 +7,7 @@ import pytest
 from asr_spec.recognizer import Recognizer
 from asr_spec.streaming.config import EngineConfig, StreamConfig
 from asr_spec.streaming.engine import Engine
+from asr_spec.streaming.policy import LocalAgreement
 
 
 def _noise(seconds: float, seed: int) -> np.ndarray:
@@ -18,7 +19,7 @@ def test_streams_nearly_due_join_a_batch_that_decodes_anyway(tiny_target):
     audio (after which both are in step); one with less waits. ``join_share`` 1 turns joining off."""
     for share, together in ((0.5, 2), (1.0, 1)):
         engine = Engine(Recognizer(tiny_target), EngineConfig(max_step_s=0.0, join_share=share))
-        config = StreamConfig(vad=False, step_s=0.5, policy="local-agreement")
+        config = StreamConfig(vad=False, step_s=0.5, policy=LocalAgreement())
         due, near, fresh = (engine.open(config) for _ in range(3))
         for sid, seconds in ((due, 0.5), (near, 0.3), (fresh, 0.1)):
             engine.feed(sid, _noise(seconds, sid))

@@ -13,6 +13,7 @@ from asr_spec.decoding.logits import LogitRules
 from asr_spec.features import log_mel, window
 from asr_spec.models.loader import default_draft, load_draft
 from asr_spec.transcribe import TranscribeOptions, Transcriber
+from asr_spec.models.pair import Pair
 
 from conftest import DEV
 
@@ -55,7 +56,7 @@ def test_greedy_speculative_equals_target_on_every_dev_utterance(base_model, dev
         o = TranscribeOptions()  # the default K and draft stop
         spec = tr.decode(memories, [prompt] * len(batch), 0.0, timestamps, k=o.k, draft_stop=o.draft_stop)
         for i, it in enumerate(batch):
-            mem_i = (memories[0][i:i + 1], memories[1][i:i + 1])
+            mem_i = Pair(memories.target[i:i + 1], memories.draft[i:i + 1])
             ref = tr.decode(mem_i, [prompt], 0.0, timestamps, k=0, use_draft=False)[0]  # target alone
             divergences += compare(tr, mem_i[0], prompt.prompt, ref.tokens, spec[i].tokens, timestamps, it["id"])
             s = spec[i].stats

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from asr_spec.server.protocol import ProtocolError
+from asr_spec.streaming.policy import AlignAtt, LocalAgreement
 from asr_spec.server.realtime_events import (G711, RealtimeAudio, RealtimeError, Settings, Vad, appended_audio,
                                              base64_audio, error_event, parse_event, parse_update)
 
@@ -43,10 +44,10 @@ def test_defaults_are_openais_and_a_ga_update_changes_only_what_it_names():
     assert s.vad == Vad(0.5, 300, 800)
     s2 = update({"type": "transcription", "audio": {"input": {"turn_detection": None}}}, s)
     assert s2.vad is None and s2.language == "de" and s2.model == "gpt-4o-transcribe"
-    config = s.stream(1.0, "alignatt")
+    config = s.stream(1.0, AlignAtt())
     assert (config.vad, config.end_silence_s, config.preroll_s, config.vad_threshold, config.language) == (
         True, 0.8, 0.3, 0.5, "de")
-    assert s2.stream(1.0, "alignatt").vad is False
+    assert s2.stream(1.0, AlignAtt()).vad is False
     ga = s.as_dict(beta=False)
     assert ga["type"] == "transcription" and ga["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 800
     assert ga["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
@@ -58,11 +59,11 @@ def test_the_prompt_and_keywords_reach_the_stream():
     (faster-whisper's, in every decode's prompt); both reported back; bad keywords name the field."""
     s = update({"type": "transcription", "audio": {"input": {"transcription": {
         "prompt": "Printing in the fifteenth century.", "keywords": ["Lübeck", " Basel ", ""]}}}})
-    config = s.stream(0.5, "alignatt")
+    config = s.stream(0.5, AlignAtt())
     assert (config.prompt, config.hotwords) == ("Printing in the fifteenth century.", "Lübeck, Basel")
     assert s.as_dict(beta=False)["audio"]["input"]["transcription"]["keywords"] == ["Lübeck", "Basel"]
     beta = update({"input_audio_transcription": {"keywords": ["Lübeck"]}}, beta=True)
-    assert beta.stream(0.5, "alignatt").hotwords == "Lübeck"
+    assert beta.stream(0.5, AlignAtt()).hotwords == "Lübeck"
     cleared = update({"type": "transcription", "audio": {"input": {"transcription": {"keywords": None}}}}, s)
     assert cleared.keywords == () and cleared.prompt == s.prompt
     path = "session.audio.input.transcription.keywords"
@@ -75,7 +76,7 @@ def test_languages_restrict_detection():
     ``StreamConfig.languages``); codes the model lacks are refused naming the field; null allows any again."""
     s = update({"type": "transcription", "audio": {"input": {"transcription": {"language": None,
                                                                               "languages": ["de", "fr", "de"]}}}})
-    assert s.stream(0.5, "alignatt").languages == ("de", "fr") and s.stream(0.5, "alignatt").language is None
+    assert s.stream(0.5, AlignAtt()).languages == ("de", "fr") and s.stream(0.5, AlignAtt()).language is None
     assert s.as_dict(beta=False)["audio"]["input"]["transcription"]["languages"] == ["de", "fr"]
     assert update({"type": "transcription", "audio": {"input": {"transcription": {"languages": None}}}}, s).languages == ()
     path = "session.audio.input.transcription.languages"
@@ -190,16 +191,13 @@ def test_delay_levels_set_alignatts_margins_and_ignored_fields_are_named():
     from asr_spec.streaming.config import StreamConfig
 
     s = update({"type": "transcription", "audio": {"input": {"transcription": {"delay": "xhigh"}}}})
-    config = s.stream(0.5, "alignatt")
-    assert (config.alignatt_margin_s, config.alignatt_min_probability, config.alignatt_unsure_margin_s) == \
-        DELAYS["xhigh"]
+    assert s.stream(0.5, AlignAtt()).policy == DELAYS["xhigh"] == AlignAtt(2.0, 0.95, 6.0)
+    assert s.stream(0.5, LocalAgreement()).policy == LocalAgreement()  # a delay sets AlignAtt's margins only
     assert s.as_dict(beta=False)["audio"]["input"]["transcription"]["delay"] == "xhigh"
     medium = update({"type": "transcription", "audio": {"input": {"transcription": {"delay": "medium"}}}})
-    assert medium.stream(0.5, "alignatt") == Settings().stream(0.5, "alignatt")  # medium: the server's own margins
-    default = StreamConfig()
-    assert DELAYS["medium"] == (default.alignatt_margin_s, default.alignatt_min_probability,
-                                default.alignatt_unsure_margin_s)
-    margins = [DELAYS[k][0] for k in ("minimal", "low", "medium", "high", "xhigh")]
+    assert medium.stream(0.5, AlignAtt()) == Settings().stream(0.5, AlignAtt())  # medium: the server's own margins
+    assert DELAYS["medium"] == StreamConfig().policy
+    margins = [DELAYS[k].margin_s for k in ("minimal", "low", "medium", "high", "xhigh")]
     assert margins == sorted(margins) and len(set(margins)) == 5
     refused({"type": "transcription", "audio": {"input": {"transcription": {"delay": "fast"}}}},
             "session.audio.input.transcription.delay")
@@ -214,3 +212,15 @@ def test_delay_levels_set_alignatts_margins_and_ignored_fields_are_named():
     assert [p for p, _ in ignored_fields(beta)] == ["session.modalities",
                                                     "session.audio.input.turn_detection.interrupt_response"]
     assert ignored_fields({"type": "session.update", "session": {"type": "transcription"}}) == []
+
+
+def test_a_native_start_message_names_its_commit_policy_and_gets_the_policy_object():
+    """The native protocol's ``commit_policy`` (docs/protocol.md) is a name on the wire and a policy object inside;
+    none given: the server's; an unknown name is refused."""
+    from asr_spec.server.protocol import parse_start
+
+    assert parse_start({"type": "start", "commit_policy": "local-agreement"}, None).commit_policy == LocalAgreement()
+    assert parse_start({"type": "start", "commit_policy": "alignatt"}, None).commit_policy == AlignAtt()
+    assert parse_start({"type": "start"}, None).commit_policy is None
+    with pytest.raises(ProtocolError, match="commit_policy must be one of alignatt, local-agreement"):
+        parse_start({"type": "start", "commit_policy": "eager"}, None)

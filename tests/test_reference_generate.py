@@ -23,8 +23,9 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from asr_spec.models.kv_decoder import StaticDecoder
 from asr_spec.decoding.logits import LogitRules
-from asr_spec.decoding.rows import DecodeOptions, Decoders, Request, RowResult
+from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest, RowResult
 from asr_spec.decoding.speculative import speculative_decode
+from asr_spec.models.pair import Pair
 
 V, SOT, NO_SPEECH, EOT = 80, 1, 2, 3
 N = 48  # most new tokens per row: generate's max_new_tokens, our sample_len
@@ -34,8 +35,8 @@ SEED = 7  # with it (and EOT = 3) rows 1 and 3 end on end-of-text mid-way and ro
 def _ours(target: StaticDecoder, draft: StaticDecoder | None, target_memory: torch.Tensor,
           draft_memory: torch.Tensor | None, prompts: list[list[int]], k: int, sample_len: int) -> list[RowResult]:
     """Our greedy decode with no logit rules: the one call of ``speculative_decode`` in this file."""
-    requests = [Request(p, 0, sample_len=sample_len) for p in prompts]
-    return speculative_decode(Decoders(target, draft), (target_memory, draft_memory), requests,
+    requests = [RowRequest(p, 0, sample_len=sample_len) for p in prompts]
+    return speculative_decode(Decoders(target, draft), Pair(target_memory, draft_memory), requests,
                               DecodeOptions(LogitRules([]), EOT, NO_SPEECH, k=k))
 
 

@@ -13,9 +13,10 @@ from asr_spec.decoding.costs import CostModel
 from asr_spec.models.kv_decoder import StaticDecoder
 from asr_spec.decoding.logits import LogitRules, SuppressAtBegin, SuppressTokens
 from asr_spec.decoding.sampling import Sampler
-from asr_spec.decoding.rows import DecodeOptions, Decoders, Request, RowStats
+from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest, RowStats
 from asr_spec.decoding.speculative import speculative_decode
 from asr_spec.models.vocab import WhisperVocab
+from asr_spec.models.pair import Pair
 
 V = 48
 VOCAB = WhisperVocab(size=V, eot=32, sot=33, sot_prev=34, no_speech=35, transcribe=36, translate=37,
@@ -77,8 +78,8 @@ def sampled(sampler: Sampler, k: int, stop_below: float = 0.0, rows: int = N, st
     options = DecodeOptions(rules, VOCAB.eot, VOCAB.no_speech, sampler, k, stop_below)
     out = []
     for start in range(0, N, rows):
-        requests = [Request(prompt, 0, hint=hint or [], sample_len=length, key=(start + i,)) for i in range(rows)]
-        out += speculative_decode(Decoders(TARGET, draft, costs and (lambda _rows: costs)), (MEMORY.expand(rows, -1, -1),) * 2, requests, options)
+        requests = [RowRequest(prompt, 0, hint=hint or [], sample_len=length, key=(start + i,)) for i in range(rows)]
+        out += speculative_decode(Decoders(TARGET, draft, costs and (lambda _rows: costs)), Pair(MEMORY.expand(rows, -1, -1), MEMORY.expand(rows, -1, -1)), requests, options)
     if stats is not None:
         stats += [r.stats for r in out]
     return [tuple((r.tokens + [VOCAB.eot] * length)[:length]) for r in out]
@@ -145,10 +146,10 @@ def test_the_same_seed_gives_the_same_tokens_at_any_draft_length():
     row for row the same 6 sampled tokens; another seed gives other tokens."""
     ids = torch.tensor(sorted(set(range(0, V, 3)) | {VOCAB.eot, VOCAB.no_timestamps}))
     short = StaticDecoder(DRAFT.decoder, DRAFT.head_w[ids], head_ids=ids)
-    memory = (MEMORY.expand(64, -1, -1),) * 2
+    memory = Pair(MEMORY.expand(64, -1, -1), MEMORY.expand(64, -1, -1))
 
     def run(draft, k, seed=5, hint=(), stop_below=0.0, costs=None):
-        requests = [Request(TS_PROMPT, 0, hint=list(hint), sample_len=6, key=(i,)) for i in range(64)]
+        requests = [RowRequest(TS_PROMPT, 0, hint=list(hint), sample_len=6, key=(i,)) for i in range(64)]
         o = DecodeOptions(TS_RULES, VOCAB.eot, VOCAB.no_speech, Sampler(0.8, seed), k, stop_below)
         return [r.tokens for r in speculative_decode(Decoders(TARGET, draft, costs and (lambda _rows: costs)), memory, requests, o)]
 

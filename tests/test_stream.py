@@ -8,7 +8,8 @@ import pytest
 from asr_spec.alignment import Word
 from asr_spec.decoding.rows import RowResult, RowStats
 from asr_spec.streaming.config import StreamConfig
-from asr_spec.streaming.request import Decoded
+from asr_spec.streaming.policy import AlignAtt, LocalAgreement
+from asr_spec.streaming.request import Decoded, RequestKind
 from asr_spec.streaming.stream import Stream
 
 
@@ -43,16 +44,16 @@ def test_a_final_whose_text_ends_early_commits_only_what_was_said(tokenizer):
     tb = tokenizer.vocab.timestamp_begin
     said = tokenizer.encode(" The aforesaid Gutenberg Bible is printed")
     s = _stream(tokenizer, 20, close=True)
-    assert s.due() == "final"
-    events = s.apply(s.request("final"), Decoded(_result([tb] + said + [tb + 250])))  # ends at 5 s
+    assert s.due() is RequestKind.FINAL
+    events = s.apply(s.request(RequestKind.FINAL), Decoded(_result([tb] + said + [tb + 250])))  # ends at 5 s
     assert [e.text for e in events if e.type == "final"] == ["The aforesaid Gutenberg Bible is printed"]
     assert s.intake.start == pytest.approx(5.0) and s.intake.buffer_s == pytest.approx(15.0) and s.flushes == 0
-    assert s.due() == "final"  # the other 15 s are decoded again
-    s.apply(s.request("final"), Decoded(_result([])))
+    assert s.due() is RequestKind.FINAL  # the other 15 s are decoded again
+    s.apply(s.request(RequestKind.FINAL), Decoded(_result([])))
     assert s.intake.buffer_s == 0 and s.flushes == 1 and s.stats.decoded_s == pytest.approx(20.0)
 
     s = _stream(tokenizer, 20, close=True)  # text to within a second of the end: everything is committed at once
-    s.apply(s.request("final"), Decoded(_result([tb] + said + [tb + 975])))
+    s.apply(s.request(RequestKind.FINAL), Decoded(_result([tb] + said + [tb + 975])))
     assert s.intake.buffer_s == 0 and s.flushes == 1
 
 
@@ -63,8 +64,8 @@ def test_finals_say_how_they_join_the_text_before_them(tokenizer):
     s = _stream(tokenizer, 20, close=True)
     finals = []
     for text, end in ((" movable type", 100), (", the press", 200), (" And so it began.", 300)):
-        assert s.due() == "final"
-        finals += [e for e in s.apply(s.request("final"), Decoded(_result([tb] + tokenizer.encode(text) + [tb + end])))
+        assert s.due() is RequestKind.FINAL
+        finals += [e for e in s.apply(s.request(RequestKind.FINAL), Decoded(_result([tb] + tokenizer.encode(text) + [tb + end])))
                    if e.type == "final"]
     assert [(e.join, e.text) for e in finals] == [("", "movable type"), ("", ", the press"), (" ", "And so it began.")]
     assert "".join(e.join + e.text for e in finals) == "movable type, the press And so it began."
@@ -78,17 +79,17 @@ def test_alignatt_commits_the_words_the_audio_already_supports(tokenizer):
     tb = tokenizer.vocab.timestamp_begin
     said = tokenizer.encode(" ask not what your country")
     aligner = _aligner(tokenizer, {" ask": 0.5, " not": 1.0, " what": 1.6, " your": 2.7, " country": 2.9})
-    for policy, committed in (("alignatt", "ask not what"), ("local-agreement", "")):
+    for policy, committed in ((AlignAtt(), "ask not what"), (LocalAgreement(), "")):
         s = _stream(tokenizer, 3, policy=policy)
-        assert s.due() == "partial"
-        events = s.apply(s.request("partial"), Decoded(_result([tb] + said), aligner=aligner))
+        assert s.due() is RequestKind.PARTIAL
+        events = s.apply(s.request(RequestKind.PARTIAL), Decoded(_result([tb] + said), aligner=aligner))
         finals = [e.text for e in events if e.type == "final"]
         assert finals == ([committed] if committed else []), (policy, finals)
         assert tokenizer.decode(s.previous).strip() == ("your country" if committed else "ask not what your country")
         assert [e.text for e in events if e.type == "partial"] == [tokenizer.decode(s.previous).strip()]
     s.feed(np.zeros(8000, np.float32))
     s.listen()
-    events = s.apply(s.request("partial"), Decoded(_result([tb] + tokenizer.encode(" ask not what you can"))))
+    events = s.apply(s.request(RequestKind.PARTIAL), Decoded(_result([tb] + tokenizer.encode(" ask not what you can"))))
     assert [e.text for e in events if e.type == "final"] == ["ask not what"]  # agreed with the first decode
 
 
@@ -102,8 +103,8 @@ def test_alignatt_waits_longer_for_a_word_it_is_unsure_of(tokenizer):
 
     def run(seconds: float, unsure: str) -> list[str]:
         s = _stream(tokenizer, seconds)
-        assert s.due() == "partial"
-        events = s.apply(s.request("partial"), Decoded(_result([tb] + said), aligner=_aligner(tokenizer, ends, unsure)))
+        assert s.due() is RequestKind.PARTIAL
+        events = s.apply(s.request(RequestKind.PARTIAL), Decoded(_result([tb] + said), aligner=_aligner(tokenizer, ends, unsure)))
         return [e.text for e in events if e.type == "final"]
 
     assert run(3.0, "") == ["ask not, what"]
@@ -127,8 +128,8 @@ def test_a_full_buffer_cut_inside_speech_is_committed_up_to_a_word_end(tokenizer
         return [Word(w, 2.0 * i, 2.0 * i + 1.9, 0.9, len(tokenizer.encode(w))) for i, w in enumerate(words)]
 
     s = _stream(tokenizer, 24)
-    assert s.due() == "window"
-    events = s.apply(s.request("window"), Decoded(_result(tokens), aligner=aligner))
+    assert s.due() is RequestKind.WINDOW
+    events = s.apply(s.request(RequestKind.WINDOW), Decoded(_result(tokens), aligner=aligner))
     finals = [e for e in events if e.type == "final"]
     assert [e.text for e in finals] == [" ".join(w.strip() for w in words[:11])]  # w11 ends at 23.9 s: kept
     assert s.intake.start == pytest.approx(21.9) and s.intake.buffer_s == pytest.approx(2.1)
@@ -141,10 +142,10 @@ def test_a_long_buffer_is_trimmed_at_a_committed_segment_end(tokenizer):
     text becomes the prompt, the timestamps after it move with the buffer's start, and nothing is said twice."""
     tb = tokenizer.vocab.timestamp_begin
     first, second = tokenizer.encode(" One sentence."), tokenizer.encode(" And then more")
-    s = _stream(tokenizer, 13, policy="local-agreement")
+    s = _stream(tokenizer, 13, policy=LocalAgreement())
     tokens = [tb] + first + [tb + 300, tb + 300] + second
     for _ in range(2):  # the second decode agrees with the first: committed up to " more"'s start
-        events = s.apply(s.request("partial"), Decoded(_result(tokens)))
+        events = s.apply(s.request(RequestKind.PARTIAL), Decoded(_result(tokens)))
     assert [e.text for e in events if e.type == "final"] == ["One sentence. And then"]
     assert s.intake.start == pytest.approx(6.0) and s.intake.buffer_s == pytest.approx(7.0)
     assert s.context[-len(first) - 1:] == first + [tb + 300]
@@ -159,7 +160,7 @@ def test_every_sample_leaves_the_buffer_once(tokenizer):
     s.listen()
     assert s.due() is None and s.intake.buffer_s == pytest.approx(0.3, abs=0.04)
     s.flush(close=True)
-    assert s.due() == "final"
+    assert s.due() is RequestKind.FINAL
     (final,) = s.settle_flush()  # no decode; the utterance still ends with a final
     assert final.type == "final" and final.text == "" and final.end_of_utterance
     assert s.stats.skipped_s == pytest.approx(3.0) and s.stats.decoded_s == 0 and s.flushes == 1
@@ -169,8 +170,8 @@ def test_a_streams_hotwords_go_with_every_decode_it_asks_for(tokenizer):
     """``StreamConfig.hotwords`` (serve --hotwords, a start message's ``hotwords``): each request carries their
     tokens for the prompt (streaming/decode.py puts them before the context); none without."""
     s = _stream(tokenizer, 3.0, close=True, hotwords="  Lübeck, Basel ")
-    assert s.request("partial").hotwords == s.request("final").hotwords == tokenizer.encode(" Lübeck, Basel")
-    assert _stream(tokenizer, 3.0).request("partial").hotwords == []
-    assert _stream(tokenizer, 3.0, language=None, languages=("de", "fr")).request("partial").languages == ("de", "fr")
+    assert s.request(RequestKind.PARTIAL).hotwords == s.request(RequestKind.FINAL).hotwords == tokenizer.encode(" Lübeck, Basel")
+    assert _stream(tokenizer, 3.0).request(RequestKind.PARTIAL).hotwords == []
+    assert _stream(tokenizer, 3.0, language=None, languages=("de", "fr")).request(RequestKind.PARTIAL).languages == ("de", "fr")
     prompted = _stream(tokenizer, 3.0, prompt=" Printing, in the only sense ")  # the first prompt: initial_prompt
-    assert prompted.request("partial").context == tokenizer.encode(" Printing, in the only sense")
+    assert prompted.request(RequestKind.PARTIAL).context == tokenizer.encode(" Printing, in the only sense")

@@ -86,7 +86,7 @@ def test_buffers_encoded_together_get_what_each_gets_alone(tiny_dir, compute_typ
         one = [e.encode(x, start) for e, x, (_, start) in zip(alone, cut, step)]
         many = encode_buffers([(e, x, start) for e, x, (_, start) in zip(together, cut, step)])
         for a, b in zip(one, many):
-            pairs = [(a.memory, b.memory)] + list(zip(a.cross[0] + a.cross[1], b.cross[0] + b.cross[1]))
+            pairs = [(a.memory, b.memory)] + list(zip(a.cross.keys + a.cross.values, b.cross.keys + b.cross.values))
             for x, y in pairs:
                 assert x.shape == y.shape
                 if compute_type.startswith("int8"):

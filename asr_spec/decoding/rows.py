@@ -1,5 +1,5 @@
 """What a speculative decode is asked and what it returns: the options every row shares (``DecodeOptions``), one
-row's request (``Request``), its result (``RowResult``, ``RowStats``) and the decoders that run it (``Decoders``)."""
+row's request (``RowRequest``), its result (``RowResult``, ``RowStats``) and the decoders that run it (``Decoders``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,7 +32,7 @@ class DecodeOptions:
 
 
 @dataclass(frozen=True)
-class Request:
+class RowRequest:
     """One row of a decode: its prompt and what bounds or guides its continuation."""
     prompt: list[int]
     sot_index: int  # where <|startoftranscript|> sits in the prompt (the no-speech probability is read there)

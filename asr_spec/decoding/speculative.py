@@ -16,10 +16,11 @@ from __future__ import annotations
 import torch
 
 from ..models.kv_decoder import CrossKV
+from ..models.pair import Pair
 from .budget import phase
 from .costs import CostModel, wall_clock
 from .recording import HeadRecorder
-from .rows import DecodeOptions, Decoders, Request, RowResult, RowStats
+from .rows import DecodeOptions, Decoders, RowRequest, RowResult, RowStats
 
 HINT_K = 8  # most hint tokens verified per pass
 
@@ -28,9 +29,8 @@ class DecodingTask:
     """One decode of a batch. Batch state (``seq``, ``n``, ``state``, caches; ``n_host``, ``dn``) holds the live
     rows in order; per-row lists are indexed by the row's place in ``requests``."""
 
-    def __init__(self, decoders: Decoders, memories: tuple[torch.Tensor, torch.Tensor | None],
-                 requests: list[Request], options: DecodeOptions,
-                 cross: tuple[CrossKV | None, CrossKV | None] = (None, None)):
+    def __init__(self, decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest],
+                 options: DecodeOptions, cross: Pair[CrossKV | None] = Pair(None)):
         o = self.o = options
         self.target = decoders.target
         self.draft = decoders.draft if o.k > 0 else None
@@ -47,14 +47,15 @@ class DecodingTask:
         capacity = self.max_pos + max(self.k, HINT_K) + 2
         lengths = None
         if any(r.memory_length is not None for r in requests):
-            lengths = [memories[0].shape[1] if r.memory_length is None else r.memory_length for r in requests]
-        self.t_cache = self.target.new_cache(memories[0], capacity, lengths, cross[0])
-        self.cross = (self.t_cache.cross_k, self.t_cache.cross_v, lengths) if o.keep_cross else None
+            lengths = [memories.target.shape[1] if r.memory_length is None else r.memory_length for r in requests]
+        self.lengths, self.capacity = lengths, capacity
+        self.t_cache = self.target.new_cache(memories.target, capacity, lengths, cross.target)
+        self.cross = CrossKV(self.t_cache.cross_k, self.t_cache.cross_v) if o.keep_cross else None
         # the draft's cache is built on its first pass: a decode whose passes are all measured to pay best without
         # the draft (K = 0) costs what target-only decoding does
         self.d_cache = None
-        self.d_memory = self._draft_view(memories[1], lengths), capacity
-        self.d_cross = cross[1]
+        self.d_memory, self.d_lengths = self._draft_view(memories.draft, lengths)
+        self.d_cross = cross.draft
         self.steps = torch.arange(capacity, device=dev)
         self.seq = torch.full((b, capacity), o.eot, dtype=torch.long, device=dev)
         self.seq[:, :longest] = torch.tensor([p + [o.eot] * (longest - len(p)) for p in self.prompts])  # one copy
@@ -168,12 +169,12 @@ class DecodingTask:
         if self.d_cache is None:  # the first draft pass: the draft catches up on every token from position 0
             now = wall_clock(self.dev)
             t0 = now()
-            (memory, lengths), capacity = self.d_memory
+            memory, lengths = self.d_memory, self.d_lengths
             rows = torch.tensor(self.live, dtype=torch.long, device=memory.device)
             cross = None if self.d_cross is None else \
-                tuple([t[:, :, :memory.shape[1]].index_select(0, rows) for t in ts] for ts in self.d_cross)
+                self.d_cross.map(lambda t: t[:, :, :memory.shape[1]].index_select(0, rows))
             with phase(self.clock, "draft"):
-                self.d_cache = draft.new_cache(memory.index_select(0, rows), capacity,
+                self.d_cache = draft.new_cache(memory.index_select(0, rows), self.capacity,
                                                [lengths[r] for r in self.live] if lengths else None, cross)
             self.built = now() - t0  # once per decode: not what a draft length costs
         width = max(n - d for n, d in zip(self.n_host, self.dn))
@@ -319,15 +320,13 @@ class DecodingTask:
     def _cross_of(self, r: int) -> CrossKV | None:
         if self.cross is None:
             return None
-        ks, vs, lengths = self.cross
-        end = lengths[r] if lengths else ks[0].shape[2]
-        return [k[r:r + 1, :, :end] for k in ks], [v[r:r + 1, :, :end] for v in vs]
+        end = self.lengths[r] if self.lengths else self.cross.keys[0].shape[2]
+        return self.cross.map(lambda t: t[r:r + 1, :, :end])
 
 
 @torch.inference_mode()
-def speculative_decode(decoders: Decoders, memories: tuple[torch.Tensor, torch.Tensor | None],
-                       requests: list[Request], options: DecodeOptions,
-                       cross: tuple[CrossKV | None, CrossKV | None] = (None, None)) -> list[RowResult]:
+def speculative_decode(decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest],
+                       options: DecodeOptions, cross: Pair[CrossKV | None] = Pair(None)) -> list[RowResult]:
     """Decode one continuation per request. ``memories`` are the encoder outputs [B, S, D] the target and the
     draft cross-attend to (rows padded together when their ``memory_length`` differ). A pass drafts at most
     ``options.k`` tokens (fewer when ``decoders.costs`` measures fewer to pay, or the draft's belief falls

@@ -14,6 +14,7 @@ import torch
 from ..audio import SAMPLE_RATE, AudioError, load_audio
 from ..features import N_SAMPLES, log_mel, window
 from ..models.loader import Whisper
+from ..models.pair import Pair
 from ..decoding.rows import SAMPLE_LEN, RowResult
 from ..recognizer import Checks, Recognizer, compression_ratio, nothing_said, pad_memories
 from ..transcribe import TranscribeOptions, Transcriber
@@ -117,7 +118,8 @@ class _Recorder(Transcriber):
         results = super().decode(memories, requests, temperature, *args, **kwargs)
         if temperature == 0.0:
             for i, (q, r) in enumerate(zip(requests, results)):
-                self.windows.append((memories[0][i, : q.memory_length or memories[0].shape[1]].clone(), q.prompt, r))
+                memory = memories.target
+                self.windows.append((memory[i, : q.memory_length or memory.shape[1]].clone(), q.prompt, r))
         return results
 
 
@@ -143,7 +145,7 @@ def label(target: Whisper, batch: list[tuple[str, str, np.ndarray]], top_k: int,
     memory = target.encode(mel)
     languages = tr.detect_language(memory) if v.multilingual else [None] * len(batch)
     prompts = [tr.prompt([], lang, "transcribe", timestamps) for lang in languages]
-    results = tr.decode((memory, None), prompts, 0.0, timestamps, k=0, use_draft=False)
+    results = tr.decode(Pair(memory), prompts, 0.0, timestamps, k=0, use_draft=False)
     return _with_top_k(target, [(f"{cid}{'' if timestamps else '#nots'}", source, memory[i], prompts[i].prompt, r)
                                 for i, ((cid, source, _), r) in enumerate(zip(batch, results))], top_k)
 

@@ -10,7 +10,7 @@ from bisect import bisect_left
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import copy
 
@@ -98,17 +98,23 @@ class KVCache:
         return groups
 
 
-CrossKV = tuple[list[torch.Tensor], list[torch.Tensor]]  # per layer cross-attention keys, values [B, H, S, Dh]
+class CrossKV(NamedTuple):
+    """A decoder's cross-attention keys and values of some encoder output, per layer [B, H, S, Dh]."""
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
 
+    def map(self, f: Callable[[torch.Tensor], torch.Tensor]) -> CrossKV:
+        """``f`` applied to every layer's keys and values."""
+        return CrossKV([f(t) for t in self.keys], [f(t) for t in self.values])
 
 
 def stack_cross(rows: list[CrossKV]) -> CrossKV:
     """Rows' cross-attention keys and values [1, H, S_i, Dh] as one batch [B, H, max S, Dh] (zeros after each row's
     length: give the rows their lengths so that attention masks them)."""
-    longest = max(r[0][0].shape[2] for r in rows)
+    longest = max(r.keys[0].shape[2] for r in rows)
     pad = lambda t: F.pad(t, (0, 0, 0, longest - t.shape[2]))  # noqa: E731
-    return tuple([torch.cat([pad(r[part][layer]) for r in rows]) for layer in range(len(rows[0][0]))]
-                 for part in (0, 1))
+    stack = lambda parts: [torch.cat([pad(t) for t in layer]) for layer in zip(*parts)]  # noqa: E731
+    return CrossKV(stack([r.keys for r in rows]), stack([r.values for r in rows]))
 
 
 # Exact rows: torch's CPU attention kernel takes other paths for 1-3 queries than for 4 or more (float32: 1, 2, 3 and
@@ -223,7 +229,7 @@ class StaticDecoder:
             split = lambda t: t.view(b, -1, h, dh).transpose(1, 2).contiguous()  # noqa: E731
             keys.append(split(layer.ca_k(encoder_out)))
             values.append(split(layer.ca_v(encoder_out)))
-        return keys, values
+        return CrossKV(keys, values)
 
     @torch.inference_mode()
     def __call__(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,

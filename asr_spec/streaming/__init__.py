@@ -1,5 +1,6 @@
 """Streaming transcription: a growing buffer re-decoded as audio arrives (stream.py: one stream; engine.py: all)."""
 
-POLICIES = ("alignatt", "local-agreement")  # what a re-decode commits (policy.py); the first is the default
+from .policy import POLICIES  # noqa: F401 - what a re-decode commits, by name (policy.py); the first: the default
+
 STEP_S = 0.5  # a stream is re-decoded after this much new audio ...
 MAX_STEP_S = 3.0  # ... or, on a loaded server, up to this much (serve --max-step; engine.py)

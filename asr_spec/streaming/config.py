@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..recognizer import DRAFT_STOP, K, Checks
-from . import POLICIES, STEP_S
-from .encoding import WINDOWS
+from ..recognizer import DRAFT_STOP, K, Checks, EncoderWindow
+from . import STEP_S
+from .policy import AlignAtt, CommitPolicy
 
 
 @dataclass(frozen=True)
@@ -29,10 +29,7 @@ class StreamConfig:
     word_timestamps: bool = False  # finals carry their words with times (Whisper's alignment; the engine adds them)
     hotwords: str = ""  # words to favour, in the prompt before the committed text of every decode (faster-whisper's)
     prompt: str = ""  # text the first decodes are prompted with until text is committed (Whisper's initial_prompt)
-    policy: str = POLICIES[0]  # what a re-decode commits: "alignatt" or "local-agreement" (policy.py)
-    alignatt_margin_s: float = 0.5  # AlignAtt commits words that end at least this long before the decoded audio,
-    alignatt_min_probability: float = 0.8  # ... if the target is sure of them (probability at least this); else
-    alignatt_unsure_margin_s: float = 3.0  # ... once they end this long before it (policy.py)
+    policy: CommitPolicy = AlignAtt()  # what a re-decode commits, with its parameters: AlignAtt or LocalAgreement
 
 
 @dataclass(frozen=True)
@@ -40,10 +37,10 @@ class EngineConfig:
     max_batch: int = 8
     k: int = K
     draft_stop: float = DRAFT_STOP
-    # how a stream's buffer is encoded (encoding.py): "stream" (each frame a bounded number of times: the last
-    # ``lookahead_s`` of audio and ``pad_s`` of silence again at each step), "audio" (the whole buffer plus 2 s of
-    # silence at each step), "full" (Whisper's padded 30 s window at each step)
-    encoder_window: str = WINDOWS[0]
+    # how a stream's buffer is encoded (encoding.py): STREAM (each frame a bounded number of times: the last
+    # ``lookahead_s`` of audio and ``pad_s`` of silence again at each step), AUDIO (the whole buffer plus 2 s of
+    # silence at each step), FULL (Whisper's padded 30 s window at each step); its name ("audio") will do
+    encoder_window: EncoderWindow = EncoderWindow.STREAM
     lookahead_s: float = 2.0
     pad_s: float = 3.0
     # where AlignAtt's word times come from: "decode" (the cross-attention the decode recorded as it chose the
@@ -68,3 +65,6 @@ class EngineConfig:
     # once it has taken in at least this much audio
     load_window_s: float = 30.0
     load_min_audio_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "encoder_window", EncoderWindow(self.encoder_window))

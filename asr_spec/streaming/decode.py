@@ -18,16 +18,17 @@ from ..alignment import Alignment, Word, align, align_many, alignment_heads, dec
 from ..decoding.rows import SAMPLE_LEN, RowResult
 from ..features import HOP, N_FRAMES, SAMPLE_RATE
 from ..models.kv_decoder import CrossKV, stack_cross
-from ..recognizer import Recognizer, pad_memories
+from ..models.pair import Pair
+from ..recognizer import EncoderWindow, Recognizer, Retry, pad_memories
 from .config import EngineConfig
 from .encoding import Encoded, encode_buffers, encode_whole
 from .events import Aligner
-from .request import Decoded, Request
+from .request import Decoded, StreamRequest
 
 log = logging.getLogger(__name__)
 
 
-def decode_apart(rec: Recognizer, requests: list[Request], config: EngineConfig) -> list[Decoded | Exception]:
+def decode_apart(rec: Recognizer, requests: list[StreamRequest], config: EngineConfig) -> list[Decoded | Exception]:
     """:func:`decode_batch`; if the batch raises, each request alone, so that a request that cannot be decoded fails
     by itself (its exception in its place) instead of failing, and being retried with, every batch."""
     try:
@@ -39,26 +40,25 @@ def decode_apart(rec: Recognizer, requests: list[Request], config: EngineConfig)
     return [out for r in requests for out in decode_apart(rec, [r], config)]
 
 
-def encode(rec: Recognizer, requests: list[Request], config: EngineConfig) -> list[Encoded]:
+def encode(rec: Recognizer, requests: list[StreamRequest], config: EngineConfig) -> list[Encoded]:
     """Each request's buffer encoded: the streaming encoder's in one forward for all of them (``encode_buffers``),
     the others (``encoder_window`` audio or full) one by one."""
-    streamed = [i for i, r in enumerate(requests) if r.encoder is not None and config.encoder_window == "stream"]
+    streaming = config.encoder_window is EncoderWindow.STREAM
+    streamed = [i for i, r in enumerate(requests) if r.encoder is not None and streaming]
     out: dict[int, Encoded] = dict(zip(streamed, encode_buffers([(requests[i].encoder, requests[i].audio,
                                                                    requests[i].start) for i in streamed])))
-    return [out[i] if i in out else encode_whole(rec, r.audio, full=config.encoder_window == "full")
+    return [out[i] if i in out else encode_whole(rec, r.audio, full=config.encoder_window is EncoderWindow.FULL)
             for i, r in enumerate(requests)]
 
 
 @torch.inference_mode()
-def decode_batch(rec: Recognizer, requests: list[Request], c: EngineConfig) -> list[Decoded]:
+def decode_batch(rec: Recognizer, requests: list[StreamRequest], c: EngineConfig) -> list[Decoded]:
     encoded = encode(rec, requests, c)
     lengths = [e.positions for e in encoded]
-    memories = (pad_memories([e.memory for e in encoded]),
-                pad_memories([e.draft_memory for e in encoded]) if encoded[0].draft_memory is not None else None)
-    cross = (_stacked([e.cross for e in encoded]), _stacked([e.draft_cross for e in encoded]))
+    memories = _memories(encoded)
     languages = [r.language for r in requests]
     if rec.vocab.multilingual and None in languages:
-        detected = rec.detect_language(memories[0], lengths, [r.languages for r in requests])
+        detected = rec.detect_language(memories.target, lengths, [r.languages for r in requests])
         languages = [lang or d for lang, d in zip(languages, detected)]
     rows = [replace(rec.prompt(r.context, lang, r.task, timestamps=True, hotwords=r.hotwords), prefix=r.prefix, hint=r.hint,
                     sample_len=min(SAMPLE_LEN, len(r.prefix) + 16 + int(c.tokens_per_s * len(r.audio) / SAMPLE_RATE)))
@@ -69,7 +69,7 @@ def decode_batch(rec: Recognizer, requests: list[Request], c: EngineConfig) -> l
                      attention_heads=heads)
     short = [n < N_FRAMES // 2 for n in lengths]  # encoded shorter than 30 s: decoded again on 30 s if it loops
     results = decode(memories, [replace(row, memory_length=n, give_up=partial(rec.looping, positions=n) if s else None)
-                                for row, n, s in zip(rows, lengths, short)], cross=cross)
+                                for row, n, s in zip(rows, lengths, short)], cross=_cross(encoded))
     rounds = [_Fallback(e, not s) for e, s in zip(encoded, short)]
     todo = list(range(len(requests)))
     while todo:  # Whisper's fallback, the rows that need another decode decoded together, round by round
@@ -77,11 +77,9 @@ def decode_batch(rec: Recognizer, requests: list[Request], c: EngineConfig) -> l
         for attempt in sorted({rounds[i].attempt for i in todo}):
             group = [i for i in todo if rounds[i].attempt == attempt]
             own = [rounds[i].own for i in group]
-            mems = (pad_memories([e.memory for e in own]),
-                    pad_memories([e.draft_memory for e in own]) if own[0].draft_memory is not None else None)
-            again = decode(mems, [replace(rows[i], key=(attempt,), memory_length=e.positions) for i, e in zip(group, own)],
-                           c.checks.temperatures[attempt],
-                           cross=(_stacked([e.cross for e in own]), _stacked([e.draft_cross for e in own])))
+            again = decode(_memories(own), [replace(rows[i], key=(attempt,), memory_length=e.positions)
+                                            for i, e in zip(group, own)],
+                           c.checks.temperatures[attempt], cross=_cross(own))
             for i, result in zip(group, again):
                 results[i] = result
     memory, fallbacks = [f.own.memory for f in rounds], [f.tries for f in rounds]
@@ -101,7 +99,7 @@ class _Fallback:
     tries: int = 0
 
 
-def _next_try(rec: Recognizer, request: Request, results: list[RowResult], i: int, f: _Fallback,
+def _next_try(rec: Recognizer, request: StreamRequest, results: list[RowResult], i: int, f: _Fallback,
               c: EngineConfig) -> bool:
     """Whether row i's result is decoded again (``Recognizer.retry``, as for files), preparing ``f`` for it: on
     Whisper's padded 30 s window (a looped or failing row encoded shorter; a partial is cut where it went wrong
@@ -109,11 +107,11 @@ def _next_try(rec: Recognizer, request: Request, results: list[RowResult], i: in
     retry = rec.retry(results[i], f.own.positions, f.padded, f.attempt, c.checks, ladder=request.final)
     if retry is None:
         return False
-    if retry == "pad" and not request.final:
+    if retry is Retry.PAD and not request.final:
         results[i] = _cut_overrun(rec, results[i], f.own.positions, len(request.prefix))
         return False
     f.tries += 1
-    if retry == "pad":  # looped, or failed the checks: decode it again as Whisper would, on 30 s
+    if retry is Retry.PAD:  # looped, or failed the checks: decode it again as Whisper would, on 30 s
         f.own, f.padded = encode_whole(rec, request.audio, full=True), True
     else:
         f.attempt += 1
@@ -131,12 +129,24 @@ def _cut_overrun(rec: Recognizer, result: RowResult, positions: int, prefix: int
     return replace(result, tokens=result.tokens[:cut], sum_logprob=sum(kept), logprobs=kept, attention=attention)
 
 
+def _memories(encoded: list[Encoded]) -> Pair[torch.Tensor]:
+    """The rows' encoder outputs as one batch each (zeros after each row's length)."""
+    draft = encoded[0].draft_memory is not None
+    return Pair(pad_memories([e.memory for e in encoded]),
+                pad_memories([e.draft_memory for e in encoded]) if draft else None)
+
+
+def _cross(encoded: list[Encoded]) -> Pair[CrossKV | None]:
+    """The rows' cross-attention keys and values as one batch each, where every row's are known."""
+    return Pair(_stacked([e.cross for e in encoded]), _stacked([e.draft_cross for e in encoded]))
+
+
 def _stacked(rows: list[CrossKV | None]) -> CrossKV | None:
     return stack_cross(rows) if rows and all(r is not None for r in rows) else None
 
 
-def _aligner(rec: Recognizer, request: Request, memory: torch.Tensor, language: str | None, result: RowResult,
-             known: dict[tuple, list[Word]]) -> Aligner:
+def _aligner(rec: Recognizer, request: StreamRequest, memory: torch.Tensor, language: str | None,
+             result: RowResult, known: dict[tuple, list[Word]]) -> Aligner:
     """Times words of a decode's tokens, Whisper's way (``align``), over the audio they were decoded from, in seconds
     from its start; the ``before`` tokens decoded ahead of them in that audio are aligned with them (their audio
     comes first) and their words dropped. ``known``: what the batch aligned already (AlignAtt's continuations)."""
@@ -152,7 +162,7 @@ def _aligner(rec: Recognizer, request: Request, memory: torch.Tensor, language: 
     return words
 
 
-def _decoded_continuations(rec: Recognizer, requests: list[Request], results: list[RowResult],
+def _decoded_continuations(rec: Recognizer, requests: list[StreamRequest], results: list[RowResult],
                            memory: list[torch.Tensor], languages: list[str | None]) -> list[dict[tuple, list[Word]]]:
     """:func:`_align_continuations` from the cross-attention each decode recorded as it chose its tokens."""
     out: list[dict[tuple, list[Word]]] = [{} for _ in requests]
@@ -165,7 +175,7 @@ def _decoded_continuations(rec: Recognizer, requests: list[Request], results: li
     return out
 
 
-def _align_continuations(rec: Recognizer, requests: list[Request], results: list[RowResult],
+def _align_continuations(rec: Recognizer, requests: list[StreamRequest], results: list[RowResult],
                          memory: list[torch.Tensor], languages: list[str | None]) -> list[dict[tuple, list[Word]]]:
     """The words of each aligning request's continuation after its prefix (what AlignAtt commits from), all rows in
     one pass of the target decoder; {(prefix, continuation): its words} per request."""

@@ -1,8 +1,8 @@
 """A stream's buffer, encoded for its decodes: each audio frame a bounded number of times.
 
-A stream's buffer grows by a step of audio between re-decodes. Encoding it whole at every step (``"audio"``: the
-buffer plus 2 s of silence; ``"full"``: Whisper's padded 30 s window) costs the whole buffer per step. With
-``"stream"`` (the default) a :class:`BufferEncoder` keeps what it has encoded (models/stream_encoder.py): only the
+A stream's buffer grows by a step of audio between re-decodes. Encoding it whole at every step (``AUDIO``: the
+buffer plus 2 s of silence; ``FULL``: Whisper's padded 30 s window) costs the whole buffer per step. With
+``STREAM`` (the default) a :class:`BufferEncoder` keeps what it has encoded (models/stream_encoder.py): only the
 last ``lookahead_s`` of audio and ``pad_s`` of silence after it are encoded again at each step, attending to the
 frozen positions before them, and the decoders' cross-attention keys and values of the frozen positions are kept
 too. The log-mel scale follows the loudest frame so far. When the buffer loses its start (a commit trims it) the
@@ -18,9 +18,9 @@ import torch
 from ..features import HOP, N_FRAMES, encoder_frames, log_mel, log_mel_frames, scaled, window
 from ..models.kv_decoder import CrossKV, StaticDecoder
 from ..models.stream_encoder import EncoderCache, Tail, encode_tails, first_frame
-from ..recognizer import Recognizer
+from ..recognizer import EncoderWindow, Recognizer
 
-WINDOWS = ("stream", "audio", "full")  # how a buffer is encoded (EngineConfig.encoder_window); the first: default
+WINDOWS = tuple(EncoderWindow)  # how a buffer is encoded (EngineConfig.encoder_window); the first: default
 
 
 @dataclass
@@ -47,15 +47,16 @@ class _FrozenCross:
     def extend(self, fresh: CrossKV, frozen: int, freeze: int) -> CrossKV:
         """Keys and values of all of a memory's positions: those before ``frozen`` kept, then ``fresh`` (those of the
         positions from ``frozen`` on); up to ``freeze`` kept for later."""
-        whole = fresh if self.kv is None else tuple([torch.cat([a, b], 2) for a, b in zip(old, new)]
-                                                     for old, new in zip(self.kv, fresh))
+        joined = lambda old, new: [torch.cat([a, b], 2) for a, b in zip(old, new)]  # noqa: E731
+        whole = fresh if self.kv is None else CrossKV(joined(self.kv.keys, fresh.keys),
+                                                      joined(self.kv.values, fresh.values))
         if freeze > frozen:
-            self.kv = tuple([t[:, :, :freeze].contiguous() for t in ts] for ts in whole)
+            self.kv = whole.map(lambda t: t[:, :, :freeze].contiguous())
         return whole
 
     def cut(self, positions: int) -> None:
         if self.kv is not None:
-            self.kv = tuple([t[:, :, :positions] for t in ts] for ts in self.kv) if positions else None
+            self.kv = self.kv.map(lambda t: t[:, :, :positions]) if positions else None
 
 
 def cross_kv_of(decoder: StaticDecoder, memories: list[torch.Tensor]) -> list[CrossKV]:
@@ -66,7 +67,7 @@ def cross_kv_of(decoder: StaticDecoder, memories: list[torch.Tensor]) -> list[Cr
     keys, values = decoder.cross_kv(torch.cat(memories, 1))
     cuts = [m.shape[1] for m in memories]
     split = lambda ts: list(zip(*(t.split(cuts, dim=2) for t in ts)))  # noqa: E731
-    return [(list(k), list(v)) for k, v in zip(split(keys), split(values))]
+    return [CrossKV(list(k), list(v)) for k, v in zip(split(keys), split(values))]
 
 
 @dataclass
@@ -157,5 +158,5 @@ def encode_whole(recognizer: Recognizer, audio: np.ndarray, full: bool) -> Encod
     rounded up to whole seconds."""
     frames = N_FRAMES if full else encoder_frames(len(audio) // HOP, full=False)
     mel = window(log_mel(audio, recognizer.target.n_mels), 0, frames)[None]
-    memory, draft_memory = recognizer.encode(mel.to(recognizer.target.decoder.device))
-    return Encoded(memory, draft_memory)
+    memories = recognizer.encode(mel.to(recognizer.target.decoder.device))
+    return Encoded(memories.target, memories.draft)

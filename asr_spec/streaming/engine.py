@@ -12,21 +12,36 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 
-from ..recognizer import Recognizer
+from ..recognizer import EncoderWindow, Recognizer
 from .config import EngineConfig, StreamConfig
 from .decode import decode_apart
 from .encoding import BufferEncoder
 from .events import Event
+from .request import RequestKind
 from .stream import Stream
 
 
 LOAD_SAMPLE_S = 0.5  # the load is sampled after every decode, and at least this often while polling
 
 
+@dataclass(frozen=True)
+class Due:
+    """A stream due to be decoded in the next batch, and what for."""
+    sid: int
+    stream: Stream
+    kind: RequestKind
+    waiting_since: float  # when its oldest undecoded audio arrived (monotonic)
+
+    def order(self) -> tuple[bool, float]:
+        """Its place in the batch's order: finals and windows first, then the longest waiting."""
+        return self.kind is RequestKind.PARTIAL, self.waiting_since
+
+
 class Engine:
-    def __init__(self, transcriber: Recognizer, config: EngineConfig = EngineConfig()):
-        self.transcriber = transcriber
+    def __init__(self, recognizer: Recognizer, config: EngineConfig = EngineConfig()):
+        self.recognizer = recognizer
         self.config = config
         self._streams: dict[int, Stream] = {}
         self._lock = threading.Lock()  # guards ``_streams`` and the streams' state
@@ -42,9 +57,9 @@ class Engine:
     # --- sessions ---------------------------------------------------------------------------------------
     def open(self, config: StreamConfig = StreamConfig()) -> int:
         c = self.config
-        encoder = BufferEncoder(self.transcriber, c.lookahead_s, c.pad_s) \
-            if c.encoder_window == "stream" else None
-        stream = Stream(config, self.transcriber.target.tokenizer, encoder)
+        encoder = BufferEncoder(self.recognizer, c.lookahead_s, c.pad_s) \
+            if c.encoder_window is EncoderWindow.STREAM else None
+        stream = Stream(config, self.recognizer.target.tokenizer, encoder)
         with self._lock:
             self._next_id += 1
             self._streams[self._next_id] = stream
@@ -130,7 +145,7 @@ class Engine:
         t0 = time.perf_counter()
         self._listen()
         with self._lock:
-            due = any(s.due(self.load_step_s) for s in self._streams.values())
+            due = any(s.due(self.load_step_s) is not None for s in self._streams.values())
         self.busy_s += time.perf_counter() - t0
         if not self._load or time.monotonic() - self._load[-1][0] > LOAD_SAMPLE_S:
             with self._lock:
@@ -151,14 +166,16 @@ class Engine:
         self._listen()
         with self._lock:
             batch = self._gather(events)
+            requests = [d.stream.request(d.kind) for d in batch]
         if not batch:
             self.busy_s += time.perf_counter() - t0
             return events
-        decoded = decode_apart(self.transcriber, [r for _, _, r in batch], self.config)
+        decoded = decode_apart(self.recognizer, requests, self.config)
         with self._lock:
             self.decodes += len(batch)
             self.ticks += 1
-            for (sid, stream, req), outcome in zip(batch, decoded):
+            for d, req, outcome in zip(batch, requests, decoded):
+                sid, stream = d.sid, d.stream
                 self.queue_wait_s.append(req.waited_s)
                 if self._streams.get(sid) is not stream:  # closed meanwhile
                     continue
@@ -177,24 +194,23 @@ class Engine:
             self._sample_load()
         return events
 
-    def _gather(self, events: dict[int, list[Event]]) -> list:
-        """The batch to decode now, as (id, stream, request): due streams (finals first, then the longest waiting), and
-        streams nearly due to fill it. Flushes that need no decode are settled here, into ``events``."""
+    def _gather(self, events: dict[int, list[Event]]) -> list[Due]:
+        """The batch to decode now: due streams (finals first, then the longest waiting), and streams nearly due to
+        fill it. Flushes that need no decode are settled here, into ``events``."""
         due = []
         for sid, s in self._streams.items():
             kind = s.due(self.load_step_s)
-            if kind == "final" and (settled := s.settle_flush()) is not None:
+            if kind is RequestKind.FINAL and (settled := s.settle_flush()) is not None:
                 events[sid] = settled
-            elif kind:
-                due.append((kind == "partial", s.waiting_since or 0.0, sid, s, kind))
-        due.sort(key=lambda d: d[:2])
-        due = due[: self.config.max_batch]
+            elif kind is not None:
+                due.append(Due(sid, s, kind, s.waiting_since or 0.0))
+        due = sorted(due, key=Due.order)[: self.config.max_batch]
         if due and len(due) < self.config.max_batch:  # streams nearly due join the batch
-            chosen = {d[2] for d in due}
-            near = [(True, s.waiting_since or 0.0, sid, s, "partial") for sid, s in self._streams.items()
-                    if sid not in chosen and s.due(self.load_step_s, self.config.join_share) == "partial"]
-            due += sorted(near, key=lambda d: d[:2])[: self.config.max_batch - len(due)]
-        return [(sid, s, s.request(kind)) for _, _, sid, s, kind in due]
+            chosen = {d.sid for d in due}
+            near = [Due(sid, s, RequestKind.PARTIAL, s.waiting_since or 0.0) for sid, s in self._streams.items()
+                    if sid not in chosen and s.due(self.load_step_s, self.config.join_share) is RequestKind.PARTIAL]
+            due += sorted(near, key=Due.order)[: self.config.max_batch - len(due)]
+        return due
 
 
 def stream_audio(engine: Engine, audio, config: StreamConfig = StreamConfig(), chunk_s: float = 0.5,

@@ -21,7 +21,8 @@ Aligner = Callable[[list[int], list[int]], list[Word]]
 
 
 @dataclass
-class Segment:
+class EventSegment:
+    """A segment of an event's text (Whisper's, between timestamps), with its times in the stream."""
     start: float
     end: float
     text: str
@@ -33,7 +34,7 @@ class Event:
     text: str  # for "error": the message
     start: float
     end: float
-    segments: list[Segment] = field(default_factory=list)
+    segments: list[EventSegment] = field(default_factory=list)
     end_of_utterance: bool = False
     words: list[Word] | None = None  # a final's words, when its stream asked for word timestamps
     join: str = ""  # what goes between the stream's previous final and this text: " ", or "" (punctuation, first)
@@ -138,13 +139,13 @@ class Emitter:
         return [Event("partial", text, begin, max(begin, buffer_end), join=self._join(raw),
                       latency_s=self._since(buffer_end))]
 
-    def _segments(self, tokens: list[int], start: float, begin: float, end: float) -> list[Segment]:
+    def _segments(self, tokens: list[int], start: float, begin: float, end: float) -> list[EventSegment]:
         segments, at, part = [], begin, []
         for t in tokens + [None]:
             if t is None or t >= self.tb:
                 stop = end if t is None else min(max(self._time(t, start), at), end)
                 if text := self.tokenizer.decode(part).strip():
-                    segments.append(Segment(at, stop, text))
+                    segments.append(EventSegment(at, stop, text))
                 part, at = [], stop
             else:
                 part.append(t)

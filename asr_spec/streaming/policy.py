@@ -1,86 +1,49 @@
-"""What a re-decode of a stream commits: two policies behind one small interface.
+"""What a re-decode of a stream commits: two policies, each a small frozen value (its parameters) behind one method.
 
 A re-decode's hypothesis is the committed text + a continuation. A policy says how many tokens of the continuation
 are final now; the rest is the partial (and the next decode's draft hint). Both cut only at word boundaries
-(:class:`Boundaries`).
+(boundaries.py).
 - :class:`AlignAtt` (SimulStreaming's, after ONE decode): the continuation's words whose audio ends, by the
   cross-attention of the model's alignment heads (Whisper's word alignment), at least ``margin_s`` before the
   decoded audio does; the last word is held back (it may be unfinished); a word the target is unsure of waits
   until ``unsure_margin_s`` of audio follow it, and nothing after it is committed before.
 - :class:`LocalAgreement` (whisper_streaming's LocalAgreement-2): the longest common prefix of this continuation
   and the previous one.
+
+Policies are chosen by name where users choose them (``serve --commit-policy``, the start message's
+``commit_policy``: :func:`policy_named`) and are objects everywhere after that. This module imports nothing heavy:
+the command line reads the names from it at every start.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, ClassVar
 
-from ..alignment import APPEND, Word
+if TYPE_CHECKING:
+    from ..alignment import Word
+    from .boundaries import Boundaries
 
 # the words of a continuation, aligned over the audio it was decoded from (seconds from the buffer's start)
-WordsOf = Callable[[], list[Word]]
-
-
-class Boundaries:
-    """Where a commit may end in a token sequence: before a timestamp, a token that starts a word (with its space)
-    or other non-alphanumeric text, but not before closing punctuation, which belongs to the word before it (a
-    final never starts with ", produced")."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.eot = tokenizer, tokenizer.vocab.eot
-        self._starts: dict[int, bool] = {}
-
-    def before(self, token: int) -> bool:
-        if token >= self.eot:
-            return True
-        if token not in self._starts:
-            piece = self.tokenizer.id_to_token(token) or ""
-            self._starts[token] = piece.startswith("Ġ") or not (piece[:1].isalnum() or piece[:1] in APPEND)
-        return self._starts[token]
-
-    def back(self, tokens: list[int], n: int) -> int:
-        """The largest boundary <= n in ``tokens`` (a cut before the token at n; the end is not one)."""
-        while n > 0 and (n >= len(tokens) or not self.before(tokens[n])):
-            n -= 1
-        return n
-
-    def forward(self, tokens: list[int], n: int) -> int:
-        """The smallest boundary >= n in ``tokens``, or its end (a word's last tokens may not be text)."""
-        while 0 < n < len(tokens) and not self.before(tokens[n]):
-            n += 1
-        return n
-
-    def text_tokens(self, tokens: list[int], count: int) -> int:
-        """How many tokens of ``tokens`` hold its first ``count`` text tokens (timestamps in between included)."""
-        n = 0
-        while count > 0 and n < len(tokens):
-            count -= tokens[n] < self.eot
-            n += 1
-        return n
-
-
-class CommitPolicy(Protocol):
-    """Says how many tokens of a re-decode's continuation ``cont`` to commit now. ``previous``: the last
-    continuation; ``words``: its words aligned (only AlignAtt asks: :attr:`aligns`); ``heard_s``: seconds of audio
-    the decode heard."""
-    aligns: bool
-
-    def commit(self, cont: list[int], previous: list[int], words: WordsOf, heard_s: float) -> int: ...
+WordsOf = Callable[[], "list[Word]"]
 
 
 @dataclass(frozen=True)
 class AlignAtt:
-    boundaries: Boundaries
+    """Commits the words the audio already supports and the target is sure of (see the module's text)."""
+    name: ClassVar[str] = "alignatt"
+    aligns: ClassVar[bool] = True  # its commits read the continuation's words, aligned
     margin_s: float = 0.5
     # a word the target gives less than this waits until it ends ``unsure_margin_s`` before the decoded audio: Whisper's
     # early mistakes ("their" for "there") are such words, which more audio after them corrects (dev WER 8.39 % without
     # the rule, 7.53 % at 0.7, 7.18 % at 0.8 or 0.9; offline 6.92 %; docs/how-it-works.md)
     min_probability: float = 0.8
     unsure_margin_s: float = 3.0
-    aligns: bool = True
 
-    def commit(self, cont: list[int], previous: list[int], words: WordsOf, heard_s: float) -> int:
-        if not any(t < self.boundaries.eot for t in cont):
+    def commit(self, b: Boundaries, cont: list[int], previous: list[int], words: WordsOf, heard_s: float) -> int:
+        """How many tokens of a re-decode's continuation ``cont`` to commit now, cut at ``b``'s boundaries.
+        ``previous``: the last continuation; ``words``: ``cont``'s words aligned; ``heard_s``: seconds of audio the
+        decode heard."""
+        if not any(t < b.eot for t in cont):
             return 0
         text_tokens = 0
         for w in words()[:-1]:
@@ -88,27 +51,30 @@ class AlignAtt:
             if w.end > heard_s - margin:
                 break
             text_tokens += w.tokens
-        b = self.boundaries
         return b.back(cont, b.text_tokens(cont, text_tokens))
 
 
 @dataclass(frozen=True)
 class LocalAgreement:
-    boundaries: Boundaries
-    aligns: bool = False
+    """Commits what this re-decode and the one before agree on (see the module's text)."""
+    name: ClassVar[str] = "local-agreement"
+    aligns: ClassVar[bool] = False
 
-    def commit(self, cont: list[int], previous: list[int], words: WordsOf, heard_s: float) -> int:
+    def commit(self, b: Boundaries, cont: list[int], previous: list[int], words: WordsOf, heard_s: float) -> int:
+        """As :meth:`AlignAtt.commit`; ``words`` is not read."""
         n = 0
         while n < min(len(cont), len(previous)) and cont[n] == previous[n]:
             n += 1
-        return self.boundaries.back(cont, n)
+        return b.back(cont, n)
 
 
-def policy_for(name: str, boundaries: Boundaries, margin_s: float, min_probability: float,
-               unsure_margin_s: float) -> CommitPolicy:
-    """The policy called ``name`` (one of ``POLICIES``)."""
-    if name == "alignatt":
-        return AlignAtt(boundaries, margin_s, min_probability, unsure_margin_s)
-    if name == "local-agreement":
-        return LocalAgreement(boundaries)
-    raise ValueError(f"unknown commit policy {name!r}")
+CommitPolicy = AlignAtt | LocalAgreement
+_KINDS: dict[str, type[CommitPolicy]] = {kind.name: kind for kind in (AlignAtt, LocalAgreement)}
+POLICIES = tuple(_KINDS)  # the policies' names (serve --commit-policy, the start message); the first: the default
+
+
+def policy_named(name: str) -> CommitPolicy:
+    """The policy called ``name`` (one of ``POLICIES``), with its default parameters."""
+    if name not in _KINDS:
+        raise ValueError(f"unknown commit policy {name!r}")
+    return _KINDS[name]()

@@ -1,7 +1,9 @@
-"""What a stream asks the engine to decode, and what it gets back."""
+"""What a stream asks the engine to decode (a :class:`StreamRequest` of a :class:`RequestKind`), and what it gets
+back (:class:`Decoded`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
@@ -9,11 +11,16 @@ from ..decoding.rows import RowResult
 from .encoding import BufferEncoder
 from .events import Aligner
 
-KINDS = ("partial", "window", "final")
+
+class RequestKind(Enum):
+    """What a re-decode of a stream is for (``Stream.due``)."""
+    PARTIAL = "partial"  # re-decode the buffer: the policy commits what it may, the rest is the partial
+    WINDOW = "window"  # the buffer is full: commit its first 30 s up to a segment end
+    FINAL = "final"  # end of utterance or flush: commit everything
 
 
 @dataclass
-class Request:
+class StreamRequest:
     """One re-decode of a stream: its audio, prompt context and forced prefix."""
     audio: np.ndarray
     start: float  # stream time of audio[0] (the buffer's start)
@@ -22,18 +29,17 @@ class Request:
     task: str
     prefix: list[int]
     hint: list[int]
-    # "partial" (re-decode), "window" (commit the first 30 s up to a segment end), "final" (commit all)
-    kind: str
+    kind: RequestKind
     waited_s: float = 0.0  # how long the stream's oldest undecoded audio had waited when this was requested
     aligns: bool = False  # its continuation will be aligned (AlignAtt): the engine aligns such rows together
     timed: bool = False  # words of it may be timed (AlignAtt, word timestamps): its result comes with an aligner
-    encoder: BufferEncoder | None = None  # the stream's encoder state (EngineConfig.encoder_window "stream")
+    encoder: BufferEncoder | None = None  # the stream's encoder state (EngineConfig.encoder_window STREAM)
     hotwords: list[int] = field(default_factory=list)  # tokens before the context in the prompt
     languages: tuple[str, ...] = ()  # with language None: the languages detection may choose (empty: any)
 
     @property
     def final(self) -> bool:
-        return self.kind != "partial"
+        return self.kind is not RequestKind.PARTIAL
 
 
 @dataclass

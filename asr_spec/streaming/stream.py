@@ -21,8 +21,8 @@ from .config import StreamConfig
 from .encoding import BufferEncoder
 from .events import Event, Emitter, StreamStats
 from .intake import Intake
-from .policy import Boundaries, policy_for
-from .request import Decoded, Request
+from .boundaries import Boundaries
+from .request import Decoded, RequestKind, StreamRequest
 
 
 class Stream:
@@ -36,8 +36,7 @@ class Stream:
         self.intake = Intake(self.stats, config.vad, config.vad_threshold, config.preroll_s)
         self.emit = Emitter(tokenizer, self.stats, config.interim, config.word_timestamps)
         self.boundaries = Boundaries(tokenizer)
-        self.policy = policy_for(config.policy, self.boundaries, config.alignatt_margin_s,
-                                 config.alignatt_min_probability, config.alignatt_unsure_margin_s)
+        self.policy = config.policy
         self.encoder = encoder
         self.language = config.language  # detected per utterance when None
         self.hotwords = tokenizer.encode(" " + config.hotwords.strip()) if config.hotwords.strip() else []
@@ -82,20 +81,20 @@ class Stream:
         """Nothing worth decoding: no speech in the buffer and nothing committed from it."""
         return not self.intake.speech and not self.committed
 
-    def due(self, min_step_s: float = 0.0, share: float = 1.0) -> str | None:
-        """What the buffer needs now (after ``listen``): "final" (decode and commit everything: end of utterance
-        or flush), "window" (the buffer is full: commit its first window), "partial" (re-decode: ``share`` of
+    def due(self, min_step_s: float = 0.0, share: float = 1.0) -> RequestKind | None:
+        """What the buffer needs now (after ``listen``): FINAL (decode and commit everything: end of utterance
+        or flush), WINDOW (the buffer is full: commit its first window), PARTIAL (re-decode: ``share`` of
         ``step_s`` of new audio, or of ``min_step_s`` when the engine asks for more under load), or None."""
         c, intake = self.config, self.intake
         if self.flush_requested:
-            return "final"
+            return RequestKind.FINAL
         if not intake.speech:
             return None
         if intake.vad is not None and intake.silence_s >= c.end_silence_s:
-            return "final"
+            return RequestKind.FINAL
         if intake.buffer_s >= c.max_buffer_s:
-            return "window"
-        return "partial" if intake.since_decode >= share * max(c.step_s, min_step_s) else None
+            return RequestKind.WINDOW
+        return RequestKind.PARTIAL if intake.since_decode >= share * max(c.step_s, min_step_s) else None
 
     def settle_flush(self) -> list[Event] | None:
         """Complete a requested flush that needs no decode, returning its events: a buffer without speech is
@@ -111,22 +110,25 @@ class Stream:
             return []
         return None
 
-    def request(self, kind: str) -> Request:
+    def request(self, kind: RequestKind) -> StreamRequest:
         """The decode to run now for ``kind`` (from ``due``). A final of more than one window is committed
         window by window first."""
         audio = self.intake.audio
-        if kind == "final" and len(audio) > N_SAMPLES:
-            kind = "window"
-        audio = {"partial": audio, "window": audio[:N_SAMPLES], "final": audio[:self._utterance_end()]}[kind]
+        if kind is RequestKind.FINAL and len(audio) > N_SAMPLES:
+            kind = RequestKind.WINDOW
+        if kind is RequestKind.WINDOW:
+            audio = audio[:N_SAMPLES]
+        elif kind is RequestKind.FINAL:
+            audio = audio[:self._utterance_end()]
         hint = self.previous if self.config.use_hint else []
-        context = self.context if kind == "window" else [t for t in self.context if t < self.vocab.eot]
-        return Request(audio, self.intake.start, context, self.language, self.config.task, list(self.committed), hint,
-                       kind, self.intake.taken(), aligns=kind == "partial" and self.policy.aligns,
-                       timed=self.policy.aligns or self.config.word_timestamps, encoder=self.encoder,
-                       hotwords=self.hotwords, languages=self.config.languages)
+        context = self.context if kind is RequestKind.WINDOW else [t for t in self.context if t < self.vocab.eot]
+        return StreamRequest(audio, self.intake.start, context, self.language, self.config.task, list(self.committed),
+                             hint, kind, self.intake.taken(), aligns=kind is RequestKind.PARTIAL and self.policy.aligns,
+                             timed=self.policy.aligns or self.config.word_timestamps, encoder=self.encoder,
+                             hotwords=self.hotwords, languages=self.config.languages)
 
     # --- results --------------------------------------------------------------------------------------
-    def apply(self, request: Request, decoded: Decoded) -> list[Event]:
+    def apply(self, request: StreamRequest, decoded: Decoded) -> list[Event]:
         """Take a decode's result: commit what it and the policy allow, return the events to send. A decode that
         failed Whisper's checks even after its fallback is never committed from by a partial."""
         self._decoded = decoded
@@ -135,7 +137,7 @@ class Stream:
         finally:
             self._decoded = None
 
-    def _apply(self, request: Request, decoded: Decoded) -> list[Event]:
+    def _apply(self, request: StreamRequest, decoded: Decoded) -> list[Event]:
         result = decoded.result
         self.stats.decodes += 1
         self.stats.fallbacks += decoded.fallbacks
@@ -147,15 +149,16 @@ class Stream:
         if decoded.fallbacks and not decoded.reliable:
             self.context = []  # as Whisper does after a failed window: do not prompt with text that loops
         heard = len(request.audio)
-        if request.kind == "final":
+        if request.kind is RequestKind.FINAL:
             if self._ended_early(cont, heard):  # commit what was said, decode the rest again
                 return self._commit_window(cont, heard)
             return self._commit_all(cont, heard)
-        if request.kind == "window":
+        if request.kind is RequestKind.WINDOW:
             return self._commit_window(cont, heard, cut_off=True)
         if not decoded.reliable:
             cont = []
-        n = self.policy.commit(cont, self.previous, lambda: self._words(self.committed, cont), heard / SAMPLE_RATE)
+        n = self.policy.commit(self.boundaries, cont, self.previous, lambda: self._words(self.committed, cont),
+                               heard / SAMPLE_RATE)
         agreed, events = cont[:n], []
         if agreed:
             if any(t < self.vocab.eot for t in agreed):  # a lone timestamp is committed without an empty final
