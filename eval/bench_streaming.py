@@ -47,7 +47,7 @@ from asr_spec.evaluation.streaming import (MAX_FINAL_LATENCY_S, EngineProbe, Log
 from asr_spec.models.loader import ModelOptions, load
 from asr_spec.server.config import ServerConfig
 from asr_spec.server.settings import ServeSettings
-from asr_spec.streaming.config import EngineConfig, StreamConfig
+from asr_spec.streaming.config import EngineConfig, StreamConfig, WordTiming
 from asr_spec.streaming.encoding import WINDOWS
 from asr_spec.streaming.engine import Engine, stream_audio
 from asr_spec.streaming.policy import CommitPolicy, policy_named
@@ -159,7 +159,7 @@ def parse_args() -> argparse.Namespace:
                     help=f"as serve's --commit-policy (default {SERVE.commit_policy}, serve's)")
     ap.add_argument("--limit", type=int, default=0, help="dev utterances for the WER part (0 = all)")
     ap.add_argument("--skip-wer", action="store_true")
-    ap.add_argument("--alignment", default=SERVE.alignment, choices=("pass", "decode"),
+    ap.add_argument("--alignment", default=SERVE.alignment, choices=tuple(WordTiming),
                     help=f"as serve's --alignment (default {SERVE.alignment}, serve's)")
     ap.add_argument("--compare-hints", action="store_true",
                     help="stream the long-form talk again without draft hints, to show what the hints save")

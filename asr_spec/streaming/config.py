@@ -2,10 +2,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from ..recognizer import DRAFT_STOP, K, Checks, EncoderWindow
 from . import STEP_S
 from .policy import AlignAtt, CommitPolicy
+
+
+class WordTiming(StrEnum):
+    """Where AlignAtt's word times come from (serve --alignment): the cross-attention the decode recorded as it chose
+    the tokens, or a pass of the target decoder over the text after the decode (Whisper's word alignment)."""
+    DECODE = "decode"
+    PASS = "pass"
 
 
 @dataclass(frozen=True)
@@ -43,9 +51,7 @@ class EngineConfig:
     encoder_window: EncoderWindow = EncoderWindow.STREAM
     lookahead_s: float = 2.0
     pad_s: float = 3.0
-    # where AlignAtt's word times come from: "decode" (the cross-attention the decode recorded as it chose the
-    # tokens) or "pass" (a pass of the target decoder over the text after the decode, Whisper's word alignment)
-    alignment: str = "pass"
+    alignment: WordTiming = WordTiming.PASS  # where AlignAtt's word times come from; its name ("decode") will do
     # Whisper's hallucination thresholds; a shorter fallback ladder than offline (each step is a full decode)
     checks: Checks = Checks(temperatures=(0.0, 0.4, 0.8))
     # a row holds at most its prefix + 16 + this many tokens per second of its audio (capped at Whisper's 224):
@@ -68,3 +74,4 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "encoder_window", EncoderWindow(self.encoder_window))
+        object.__setattr__(self, "alignment", WordTiming(self.alignment))

@@ -20,7 +20,7 @@ from ..features import HOP, N_FRAMES, SAMPLE_RATE
 from ..models.kv_decoder import CrossKV, stack_cross
 from ..models.pair import Pair
 from ..recognizer import EncoderWindow, Recognizer, Retry, pad_memories
-from .config import EngineConfig
+from .config import EngineConfig, WordTiming
 from .encoding import Encoded, encode_buffers, encode_whole
 from .events import Aligner
 from .request import Decoded, StreamRequest
@@ -64,7 +64,8 @@ def decode_batch(rec: Recognizer, requests: list[StreamRequest], c: EngineConfig
                     sample_len=min(SAMPLE_LEN, len(r.prefix) + 16 + int(c.tokens_per_s * len(r.audio) / SAMPLE_RATE)))
             for r, lang in zip(requests, languages)]
     # AlignAtt's rows: their words from the decode's own cross-attention, or from a pass of their own after it
-    heads = tuple(alignment_heads(rec.target)) if c.alignment == "decode" and any(r.aligns for r in requests) else ()
+    recorded = c.alignment is WordTiming.DECODE and any(r.aligns for r in requests)
+    heads = tuple(alignment_heads(rec.target)) if recorded else ()
     decode = partial(rec.decode, k=c.k, draft_stop=c.draft_stop, seed=c.checks.seed, keep_cross=True,
                      attention_heads=heads)
     short = [n < N_FRAMES // 2 for n in lengths]  # encoded shorter than 30 s: decoded again on 30 s if it loops
