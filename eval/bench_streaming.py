@@ -80,7 +80,8 @@ def streaming_wer(tr: Transcriber, ds: DataSet, step: float, policy: CommitPolic
     refs = ds.texts()
     out = {"utterances": len(ds.items), "wer_offline": round(wer(refs, offline), 2),
            "wer_streaming": round(wer(refs, streamed), 2),
-           "wer_streaming_vs_offline": round(wer(offline, streamed), 2), "with_hints": cost[True]}
+           "wer_streaming_vs_offline": round(wer(offline, streamed), 2), "with_hints": cost[True],
+           "texts": dict(zip((it["id"] for it in ds.items), streamed))}  # each utterance's streamed text
     if compare_hints:
         out["without_hints"] = cost[False]
     return out
