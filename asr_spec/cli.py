@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("serve", help="streaming transcription over WebSockets (docs/protocol.md)",
                        description="Every option can also be set by the ASR_SPEC_* environment variable named in "
                        "its help (the option wins); docs/deploy.md")
-    from .server.settings import add_arguments
+    from asr_spec.server.settings import add_arguments
 
     add_arguments(v)
     v.set_defaults(func=serve)

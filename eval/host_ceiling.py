@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from asr_spec.evaluation.harness import add_data_args, data, write_results
+from asr_spec.evaluation.streaming import feed_unpaced
 from asr_spec.models.loader import load_target
 from asr_spec.models.tiny import save_tiny
 from asr_spec.recognizer import Recognizer
@@ -28,26 +27,6 @@ from asr_spec.server.settings import ServeSettings
 from asr_spec.streaming.engine import Engine
 
 CHUNK_S = 0.5
-
-
-def run(engine: Engine, audios: list[np.ndarray]) -> float:
-    """Every stream fed chunk by chunk, the engine stepping whatever is due in between; returns the wall seconds."""
-    sids = [engine.open() for _ in audios]
-    step = int(CHUNK_S * 16000)
-    t0 = time.perf_counter()
-    for start in range(0, max(map(len, audios)), step):
-        for sid, a in zip(sids, audios):
-            if start < len(a):
-                engine.feed(sid, a[start:start + step])
-        while engine.poll():
-            engine.step()
-    for sid in sids:
-        engine.flush(sid, close=True)
-    while engine.poll():
-        engine.step()
-    for sid in sids:
-        engine.close(sid)
-    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -68,10 +47,10 @@ def main() -> None:
     rows = []
     for n in (int(x) for x in args.sessions.split(",") if x):
         engine = Engine(Recognizer(target), settings.engine_config())
-        run(engine, [dev.session(3.0, 0).audio])  # warm-up
+        feed_unpaced(engine, [dev.session(3.0, 0).audio], CHUNK_S)  # warm-up
         engine = Engine(Recognizer(target), settings.engine_config())
         audios = [dev.session(args.seconds, 5 * i).audio for i in range(n)]
-        wall = run(engine, audios)
+        wall = feed_unpaced(engine, audios, CHUNK_S)
         audio_s = sum(len(a) for a in audios) / 16000
         row = {"sessions": n, "audio_seconds": round(audio_s, 1), "wall_seconds": round(wall, 2),
                "engine_busy_seconds": round(engine.busy_s, 2), "decodes": engine.decodes, "ticks": engine.ticks,

@@ -19,17 +19,17 @@ import functools
 import pstats
 import time
 
-import numpy as np
 import torch
 
 from asr_spec import vad
 from asr_spec.decoding import speculative
 from asr_spec.evaluation.harness import add_data_args, data
+from asr_spec.evaluation.streaming import feed_unpaced
 from asr_spec.models.loader import ModelOptions, load
 from asr_spec.recognizer import Recognizer
 from asr_spec.streaming import decode as decode_module
 from asr_spec.streaming import encoding
-from asr_spec.streaming.config import EngineConfig, StreamConfig
+from asr_spec.streaming.config import EngineConfig
 from asr_spec.streaming.engine import Engine
 
 
@@ -45,22 +45,6 @@ def timed(owner, name: str, key: str, totals: dict[str, float]) -> None:
         finally:
             totals[key] = totals.get(key, 0.0) + time.perf_counter() - t0
     setattr(owner, name, wrapper)
-
-
-def run(engine: Engine, audios: list[np.ndarray], chunk: int = 1600) -> None:
-    """Feed every stream ``chunk`` samples at a time, decoding whatever is due in between, then close them."""
-    sids = [engine.open(StreamConfig()) for _ in audios]
-    for start in range(0, max(map(len, audios)), chunk):
-        for sid, a in zip(sids, audios):
-            engine.feed(sid, a[start:start + chunk])
-        while engine.poll():
-            engine.step()
-    for sid in sids:
-        engine.flush(sid, close=True)
-    while engine.poll():
-        engine.step()
-    for sid in sids:
-        engine.close(sid)
 
 
 def main() -> None:
@@ -80,7 +64,7 @@ def main() -> None:
     engine = Engine(Recognizer(target, draft), EngineConfig(encoder_window=args.encoder_window))
     dev = data(args)
     audios = [dev.session(args.seconds, 7 * i).audio for i in range(args.sessions)]
-    run(engine, [a[:16000 * 5] for a in audios])  # warm-up (kernels, the cost model's first tries)
+    feed_unpaced(engine, [a[:16000 * 5] for a in audios], 0.1)  # warm-up (kernels, the cost model's first tries)
     totals: dict[str, float] = {}
     timed(vad.VoiceActivity, "__call__", "voice detection", totals)
     timed(decode_module, "encode_buffers", "encode: new audio (stream)", totals)
@@ -95,7 +79,7 @@ def main() -> None:
     t0 = time.perf_counter()
     if profile is not None:
         profile.enable()
-    run(engine, audios)
+    feed_unpaced(engine, audios, 0.1)
     if profile is not None:
         profile.disable()
     wall = time.perf_counter() - t0

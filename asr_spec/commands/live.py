@@ -20,8 +20,8 @@ def serve(args: argparse.Namespace) -> int:
 
     from pydantic import ValidationError
 
-    from ..server.config import api_keys
-    from ..server.settings import from_arguments
+    from asr_spec.server.config import api_keys
+    from asr_spec.server.settings import from_arguments
 
     try:
         settings = from_arguments(args)
@@ -38,10 +38,10 @@ def serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if settings.ray is not None:
-        from ..server.ray_serve import serve_on_ray
+        from asr_spec.server.ray_serve import serve_on_ray
 
         return serve_on_ray(settings, keys)
-    from ..server.app import Server
+    from asr_spec.server.app import Server
 
     if (models := load(settings.model_options())) is None:
         return 1
@@ -72,7 +72,7 @@ def stream(settings: StreamSettings) -> int:
     from websockets.exceptions import InvalidStatus, InvalidURI
 
     from ..audio import AudioError, load_audio
-    from ..clients.stream import printer, stream_file
+    from asr_spec.clients.stream import printer, stream_file
 
     try:
         audio = load_audio(settings.file)
@@ -118,7 +118,7 @@ def mic(settings: MicSettings) -> int:
 
     if settings.models.threads:
         torch.set_num_threads(settings.models.threads)
-    from ..clients.mic import FileSource, LiveLine, MicError, Microphone, list_devices, run_local, run_remote
+    from asr_spec.clients.mic import FileSource, LiveLine, MicError, Microphone, list_devices, run_local, run_remote
 
     try:
         if settings.list_devices:

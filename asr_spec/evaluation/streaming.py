@@ -25,11 +25,11 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from ..alignment import Word
-from ..clients.stream import stream_file
+from asr_spec.clients.stream import stream_file
 from ..recognizer import Recognizer
-from ..server.app import Server
-from ..server.config import ServerConfig
-from ..server.settings import ServeSettings
+from asr_spec.server.app import Server
+from asr_spec.server.config import ServerConfig
+from asr_spec.server.settings import ServeSettings
 from ..streaming.engine import Engine
 
 MAX_FINAL_LATENCY_S = 3.0  # the capacity bar: real time with final latency median at most this
@@ -158,6 +158,27 @@ class EngineProbe:
         return {"engine_inside_share": round(self.inside_s / wall, 3),
                 "engine_idle_while_due_share": round(self.idle_due_s / wall, 3),
                 "engine_idle_share": round(self.idle_s / wall, 3)}
+
+
+def feed_unpaced(engine: Engine, audios: list[np.ndarray], chunk_s: float = 0.5) -> float:
+    """Every stream fed ``chunk_s`` at a time as fast as the engine takes it (no pacing, no server), the engine
+    stepping whatever is due in between, then flushed and closed; returns the wall seconds."""
+    sids = [engine.open() for _ in audios]
+    chunk = int(chunk_s * 16000)
+    t0 = time.perf_counter()
+    for start in range(0, max(map(len, audios)), chunk):
+        for sid, a in zip(sids, audios):
+            if start < len(a):
+                engine.feed(sid, a[start:start + chunk])
+        while engine.poll():
+            engine.step()
+    for sid in sids:
+        engine.flush(sid, close=True)
+    while engine.poll():
+        engine.step()
+    for sid in sids:
+        engine.close(sid)
+    return time.perf_counter() - t0
 
 
 def serve_engine(target, draft, settings: ServeSettings) -> Engine:
