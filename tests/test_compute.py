@@ -228,7 +228,7 @@ def test_int8_speculation_equals_int8_target_on_dev_speech_batch_8_and_1(dev_man
         for i, it in enumerate(batch):
             mem_i = Pair(memories.target[i:i + 1], memories.draft[i:i + 1])
             ref = tr.decode(mem_i, [prompt], 0.0, True, k=0, use_draft=False)[0]
-            lines += compare(tr, mem_i[0], prompt.prompt, ref.tokens, spec[i].tokens, True, it["id"])
+            lines += compare(tr, mem_i.target, prompt.prompt, ref.tokens, spec[i].tokens, True, it["id"])
             accepted += spec[i].stats.accepted
     print(f"{len(items)} utterances at {target.precision.name}: {len(lines)} divergences")
     assert accepted > 0

@@ -58,7 +58,7 @@ def test_greedy_speculative_equals_target_on_every_dev_utterance(base_model, dev
         for i, it in enumerate(batch):
             mem_i = Pair(memories.target[i:i + 1], memories.draft[i:i + 1])
             ref = tr.decode(mem_i, [prompt], 0.0, timestamps, k=0, use_draft=False)[0]  # target alone
-            divergences += compare(tr, mem_i[0], prompt.prompt, ref.tokens, spec[i].tokens, timestamps, it["id"])
+            divergences += compare(tr, mem_i.target, prompt.prompt, ref.tokens, spec[i].tokens, timestamps, it["id"])
             s = spec[i].stats
             drafted, accepted, passes, tokens = drafted + s.drafted, accepted + s.accepted, passes + s.target_passes, tokens + len(spec[i].tokens)
     print(f"{len(items)} utterances, {len(divergences)} divergences; acceptance {accepted / drafted:.2f}, "
