@@ -15,7 +15,7 @@ from .decoding.costs import BatchCosts
 from .decoding.logits import LogitRules
 from .decoding.sampling import Sampler
 from .decoding.rows import DecodeOptions, Decoders, RowRequest, RowResult
-from .decoding.speculative import speculative_decode
+from .decoding.static import decode_rows
 from .models.kv_decoder import CrossKV
 from .models.loader import Draft, Whisper
 from .models.pair import Pair
@@ -143,8 +143,8 @@ class Recognizer:
         draft = self.draft.decoder if (self.draft and use_draft) else None
         options = DecodeOptions(LogitRules.whisper(self.vocab, timestamps), self.vocab.eot, self.vocab.no_speech,
                                 Sampler(temperature, seed), k if draft else 0, draft_stop, keep_cross, attention_heads)
-        results = speculative_decode(Decoders(self.target.decoder, draft, self.costs if adaptive_k else None,
-                                              self.clock), memories, requests, options, cross)
+        results = decode_rows(Decoders(self.target.decoder, draft, self.costs if adaptive_k else None,
+                                        self.clock), memories, requests, options, cross)
         self.decoder_passes += max((r.stats.target_passes for r in results), default=0)
         return results
 

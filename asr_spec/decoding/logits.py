@@ -159,6 +159,11 @@ class LogitRules:
         self.begin = begin if begin is not None else next(
             (r.begin for r in self.rules if isinstance(r, TimestampRules)), torch.iinfo(torch.long).max)
 
+    @property
+    def key(self) -> tuple:
+        """What the rules do, as a value (two rule sets with one key edit logits alike)."""
+        return self.begin, tuple((type(r).__name__, tuple(getattr(r, "ids", ()))) for r in self.rules)
+
     @classmethod
     def whisper(cls, vocab: WhisperVocab, timestamps: bool) -> "LogitRules":
         begin = vocab.suppress_begin or (vocab.eot,)

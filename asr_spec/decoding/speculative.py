@@ -19,6 +19,7 @@ from ..models.kv_decoder import CrossKV
 from ..models.pair import Pair
 from .budget import phase
 from .costs import CostModel, wall_clock
+from .judging import advance, host_row, judge
 from .recording import HeadRecorder
 from .rows import DecodeOptions, Decoders, RowRequest, RowResult, RowStats
 
@@ -211,7 +212,7 @@ class DecodingTask:
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One target pass over the last token and the kk drafts: per row (device tensors), the drafts accepted
         [m], the kk + 1 tokens it would emit (accepted drafts, then the target's own) and their log-probabilities."""
-        m, kk = drafts.shape
+        kk = drafts.shape[1]
         n, o = self.n, self.o
         feed = torch.cat([self.seq.gather(1, (n - 1)[:, None]), drafts], dim=1)
         scores = self.recorder.scores()
@@ -226,39 +227,31 @@ class DecodingTask:
             for r, prob in zip(pending, probs):
                 self.no_speech_prob[r] = prob
             self.sot_pending = []
-        with phase(self.clock, "rules"):
-            states = self.state.after(drafts, o.rules.begin)  # position j: the row's history + drafts[:j]
-            logits = o.rules(logits.view(m * (kk + 1), -1), states).view(m, kk + 1, -1)
-        with phase(self.clock, "acceptance"):
-            accepted, nxt = o.sampler.verify(logits, drafts, None if noise[0] is None else torch.stack(noise, 1))
-            emitted = torch.cat([drafts, drafts.new_zeros(m, 1)], dim=1).scatter_(1, accepted[:, None], nxt[:, None])
-            token_lp = torch.log_softmax(logits, dim=-1).gather(2, emitted[:, :, None])[:, :, 0]
-        return accepted, emitted, token_lp
+        return judge(logits, drafts, self.state, o, None if noise[0] is None else torch.stack(noise, 1), self.clock)
 
     def commit(self, accepted: torch.Tensor, emitted: torch.Tensor, token_lp: torch.Tensor, hinted: list[bool],
                drafted: int) -> float:
         """Append each row's accepted tokens (cut at end-of-text and at its room), keep the statistics, retire
         finished rows. ``hinted``: the rows that proposed their hint; ``drafted``: tokens the draft proposed this
         pass (its cache holds the rows' tokens up to their start). Returns the tokens emitted per row."""
-        m, width = emitted.shape
-        kk, o = width - 1, self.o
-        steps = self.steps[:width]
         # on the device: how many tokens each row takes (its room, end-of-text), its tokens into ``seq`` (past them
         # only stale positions), its new length and rule state
-        left = torch.minimum(self.sample_len - self.state.count, self.max_pos + 1 - self.n)
-        take = torch.minimum(accepted + 1, left)
-        eot = (emitted == o.eot) & (steps < take[:, None])
-        ended = eot.any(dim=1)
-        cut = torch.where(ended, eot.long().argmax(dim=1) + 1, take)
-        self.seq.scatter_(1, self.n[:, None] + steps, emitted)
-        self.state = self.state.after(emitted, o.rules.begin).take(cut)
-        self.n = self.n + cut
+        cut, ended, self.state, self.n = advance(self.seq, self.n, self.state, self.sample_len, self.max_pos,
+                                                 accepted, emitted, self.o)
         with phase(self.clock, "host"):  # the pass's one read: per row accepted, cut, ended, tokens, log-probabilities
-            read = torch.cat([torch.stack([accepted, cut, ended.long()], 1).double(), emitted.double(),
-                              token_lp.double()], dim=1).tolist()
+            read = host_row(accepted, cut, ended, emitted, token_lp).tolist()
+        return self.book(read, hinted, drafted, emitted.shape[1])
+
+    def book(self, read: list[list[float]], hinted: list[bool], drafted: int, width: int) -> float:
+        """The host's part of a pass from its one read (per live row: accepted, cut, ended, the ``width`` tokens
+        emitted, their log-probabilities): each row's tokens and statistics; rows that are done leave. Returns the
+        tokens emitted per row."""
+        m, kk = len(read), width - 1
         done, total = [], 0
         for i, r in enumerate(self.live):
             a, c, end = int(read[i][0]), int(read[i][1]), read[i][2] > 0
+            if c < 1:  # every pass gives a live row a token: a row that took none would never finish
+                raise RuntimeError(f"a decode pass gave row {r} no token (its state on the device is not its own)")
             left_i = min(self.requests[r].sample_len - len(self.sampled[r]), self.max_pos + 1 - self.n_host[i])
             new = [int(t) for t in read[i][3:3 + c]]
             lps = read[i][3 + width:3 + width + c]
@@ -308,9 +301,12 @@ class DecodingTask:
         if not keep:
             self.live = []
             return
-        idx = torch.tensor(keep, dtype=torch.long, device=self.dev)
         self.live = [self.live[i] for i in keep]
         self.n_host, self.dn = [self.n_host[i] for i in keep], [self.dn[i] for i in keep]
+        self.keep(torch.tensor(keep, dtype=torch.long, device=self.dev))
+
+    def keep(self, idx: torch.Tensor) -> None:
+        """Only the batch rows ``idx`` stay in the device state."""
         self.seq, self.n, self.sample_len = self.seq[idx], self.n[idx], self.sample_len[idx]
         self.state = self.state.select(idx)
         self.t_cache = self.t_cache.select(idx)

@@ -66,6 +66,15 @@ class KVCache:
     cross_k: list[torch.Tensor]  # per layer [B, H, S, Dh]
     cross_v: list[torch.Tensor]
     cross_lengths: list[int] | None = None  # encoder positions each row attends to (ragged memories; None: all S)
+    # a fixed-address [B, 1, 1, S] mask kept by its owner in place of ``cross_lengths``' (a static decode's arena)
+    static_mask: torch.Tensor | None = None
+
+    def rows(self, b: int) -> "KVCache":
+        """The first ``b`` rows, as views (the same memory: a static decode's batch of b rows in its arena)."""
+        view = lambda ts: [t[:b] for t in ts]  # noqa: E731
+        return KVCache(view(self.self_k), view(self.self_v), view(self.cross_k), view(self.cross_v),
+                       None if self.cross_lengths is None else self.cross_lengths[:b],
+                       None if self.static_mask is None else self.static_mask[:b])
 
     def select(self, rows: torch.Tensor) -> "KVCache":
         """Keep only ``rows`` (batch compaction when rows finish)."""
@@ -76,6 +85,8 @@ class KVCache:
     @cached_property
     def cross_mask(self) -> torch.Tensor | None:
         """[B, 1, 1, S]: the encoder positions each row attends to (None: all)."""
+        if self.static_mask is not None:
+            return self.static_mask
         if self.cross_lengths is None:
             return None
         at = self.cross_k[0].device
@@ -234,15 +245,17 @@ class StaticDecoder:
     @torch.inference_mode()
     def __call__(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
                  logits_at: torch.Tensor | None = None, shortlist: bool = False,
-                 cross_scores: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+                 cross_scores: dict[int, torch.Tensor] | None = None, static: bool = False) -> torch.Tensor:
         """Feed ``tokens`` [B, T] at ``positions`` [B, T]; return logits [B, T', V] at the time
         indices ``logits_at`` [B, T'] (all T when None). ``cross_scores`` {layer: None, ...} is filled with
-        those layers' cross-attention scores before the softmax [B, H, T, S] (word timestamps)."""
+        those layers' cross-attention scores before the softmax [B, H, T, S] (word timestamps). ``static``: attend
+        over the whole self-attention cache, masked (as an exact decoder does), so that no shape depends on the
+        positions and the call never reads the device (a CUDA graph's capture)."""
         b, t = tokens.shape
         dec = self.decoder
         pos = positions.clamp(max=self.max_positions - 1)
         x = (dec.embed_tokens(tokens) + dec.embed_positions.weight[pos]).to(self.dtype)
-        keys = cache.self_k[0].shape[2] if self.exact else int(positions.max()) + 1
+        keys = cache.self_k[0].shape[2] if self.exact or static else int(positions.max()) + 1
         mask = torch.arange(keys, device=tokens.device)[None, None, None, :] <= positions[:, None, :, None]
         pad = max(0, EXACT_QUERIES - t) if self.exact else 0
         if pad:  # zero queries that see every key; their outputs are dropped

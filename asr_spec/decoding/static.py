@@ -1,0 +1,236 @@
+"""A static decode: the decode's state at fixed addresses (an arena per decoder pair), each pass one CUDA graph.
+
+A small decoder's pass on a GPU is bound by the host launching its hundreds of kernels, not by the kernels (H200:
+a whisper-base target step 4.25 ms eager, 1.31 ms replayed as a graph; H100: the loop's own work 4.3 ms a pass). A
+graph replays its kernels with the addresses and shapes it was captured with, so here everything a pass touches
+lives in an :class:`Arena` made once per (target, draft, K, rules, memory length) and kept for later decodes:
+
+- **slots**: the target's and the draft's self- and cross-attention caches, the tokens, lengths, rule states and
+  room of ``slots`` rows. A decode's rows claim slots 0..B-1; rows that finish leave and the rest are compacted in
+  place, so the live rows are always the first slots;
+- **buckets**: a pass over m live rows runs the bucket of the next power of two (slots beyond m are idle: their
+  length does not move, their writes land in stale positions), one graph per bucket, captured on first use;
+- **the whole pass on the device**: the draft's K steps (its catch-up is always the last two tokens, re-feeding a
+  cached one when only one is new), Whisper's rules and the greedy choice after each, the target's verify pass over
+  K + 1 positions, acceptance and each row's advance, written in place; the host reads one row per slot.
+
+Every decoder call has the shapes of the eager loop's exact target (all K + 1 positions, the whole self-attention
+cache masked), so a row's bits are the eager loop's: the same tokens (tests/test_static.py). Greedy decodes without
+hints, recorded heads or ragged target memories take it; K is fixed (the adaptive chooser and the draft's early stop
+change speed only, and would read the host inside a pass). On a CPU the same passes run without graphs (the tests).
+``ASR_SPEC_STATIC``: ``auto`` (default: on CUDA), ``on`` (any device), ``off``.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+
+from ..models.kv_decoder import CrossKV, KVCache, StaticDecoder
+from ..models.pair import Pair
+from .judging import advance, host_row, judge
+from .logits import RuleState
+from .rows import DecodeOptions, Decoders, RowRequest
+from .speculative import DecodingTask, speculative_decode
+
+_ARENAS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target decoder -> {key: Arena}
+
+
+def bucket(m: int) -> int:
+    """The batch size a pass over m rows runs at: the next power of two."""
+    return 1 << (m - 1).bit_length()
+
+
+def wanted(device: torch.device) -> bool:
+    """Whether decodes on ``device`` take the static path when they can (``ASR_SPEC_STATIC``)."""
+    mode = os.environ.get("ASR_SPEC_STATIC", "auto")
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"ASR_SPEC_STATIC must be auto, on or off, not {mode!r}")
+    return mode == "on" or (mode == "auto" and device.type == "cuda")
+
+
+def eligible(decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest], o: DecodeOptions) -> bool:
+    """Whether this decode can be static: greedy, no hints, no recorded heads, one memory length for the target."""
+    return (wanted(decoders.target.device) and o.sampler.greedy and not o.attention_heads and decoders.clock is None
+            and all(not r.hint and (r.memory_length in (None, memories.target.shape[1])) for r in requests))
+
+
+class Arena:
+    """A decoder pair's fixed-address decode state for up to ``slots`` rows, and its pass per bucket (a CUDA graph
+    on CUDA)."""
+
+    def __init__(self, target: StaticDecoder, draft: StaticDecoder | None, k: int, o: DecodeOptions, slots: int,
+                 memories: Pair[torch.Tensor], capacity: int):
+        dev = target.device
+        self.target, self.draft, self.k, self.o, self.slots = target, draft, k, o, slots
+        self.max_pos = target.max_positions
+        blank = lambda m: torch.zeros(slots, *m.shape[1:], dtype=m.dtype, device=m.device)  # noqa: E731
+        self.t = target.new_cache(blank(memories.target), capacity)
+        self.d: KVCache | None = None
+        if draft is not None:
+            self.d = draft.new_cache(blank(memories.draft), capacity)
+            self.d.static_mask = torch.ones(slots, 1, 1, memories.draft.shape[1], dtype=torch.bool, device=dev)
+        self.seq = torch.zeros(slots, capacity, dtype=torch.long, device=dev)
+        self.n = torch.full((slots,), 2, dtype=torch.long, device=dev)
+        self.state = [torch.zeros(slots, dtype=torch.long, device=dev) for _ in range(4)]  # RuleState's fields
+        self.sample_len = torch.zeros(slots, dtype=torch.long, device=dev)
+        self.m = torch.zeros((), dtype=torch.long, device=dev)  # live rows of the pass (the first slots)
+        self.out = torch.zeros(slots, 3 + 2 * (k + 1) + 1, dtype=torch.float64, device=dev)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every per-slot tensor (compaction moves them all)."""
+        caches = [self.t] + ([self.d] if self.d is not None else [])
+        kv = [t for c in caches for t in (*c.self_k, *c.self_v, *c.cross_k, *c.cross_v)]
+        mask = [self.d.static_mask] if self.d is not None else []
+        return kv + mask + [self.seq, self.n, self.sample_len, *self.state]
+
+    def claim(self, task: DecodingTask, draft_memory: torch.Tensor | None, draft_lengths: list[int] | None) -> None:
+        """Slots 0..B-1 take a new decode's rows: its target cross-attention (computed by the task), the draft's
+        (computed here from ``draft_memory``, each row masked to its ``draft_lengths``), tokens, lengths, rules' state."""
+        b, c = len(task.live), task.t_cache
+        for mine, theirs in zip((*self.t.cross_k, *self.t.cross_v), (*c.cross_k, *c.cross_v)):
+            mine[:b].copy_(theirs)
+        if self.d is not None:
+            cross = self.draft.cross_kv(draft_memory)
+            for mine, theirs in zip((*self.d.cross_k, *self.d.cross_v), (*cross.keys, *cross.values)):
+                mine[:b, :, :theirs.shape[2]].copy_(theirs)
+            s = self.d.static_mask.shape[-1]
+            lengths = torch.tensor(draft_lengths or [draft_memory.shape[1]] * b, device=self.seq.device)
+            self.d.static_mask[:b] = (torch.arange(s, device=self.seq.device) < lengths[:, None])[:, None, None, :]
+        self.seq[:b].copy_(task.seq)
+        self.n[:b].copy_(task.n)
+        self.sample_len[:b].copy_(task.sample_len)
+        for mine, theirs in zip(self.state, (task.state.count, task.state.last, task.state.penult, task.state.stamp)):
+            mine[:b].copy_(theirs)
+
+    def compact(self, idx: torch.Tensor) -> None:
+        """Only the rows in slots ``idx`` stay, moved in place to the first slots."""
+        for t in self.tensors():
+            t[:len(idx)] = t.index_select(0, idx)
+
+    def rule_state(self, b: int) -> RuleState:
+        return RuleState(*(t[:b] for t in self.state))
+
+    def _pass(self, b: int) -> None:
+        """One pass over the first ``b`` slots, all on the device (see the module's docstring)."""
+        o, k, steps = self.o, self.k, torch.arange(self.k + 2, device=self.seq.device)
+        seq, n, state = self.seq[:b], self.n[:b], self.rule_state(b)
+        drafts = seq.new_empty(b, 0)
+        if k:
+            fpos = (n[:, None] - 2 + steps[:2]).clamp(min=0)
+            feed, at, d_cache, cols = seq.gather(1, fpos), fpos.new_full((b, 1), 1), self.d.rows(b), self.draft.columns
+            s, chosen = state, []
+            for j in range(k):
+                logits = self.draft(d_cache, feed, fpos, at, shortlist=True, static=True)[:, 0]
+                c = o.rules(logits.float(), s, cols).argmax(dim=-1)
+                x = c if cols.ids is None else cols.ids[c]
+                chosen.append(x)
+                s = s.push(x, o.rules.begin)
+                feed, fpos, at = x[:, None], (n + j)[:, None], at.new_zeros(b, 1)
+            drafts = torch.stack(chosen, dim=1)
+        feed = torch.cat([seq.gather(1, (n - 1)[:, None]), drafts], dim=1)
+        logits = self.target(self.t.rows(b), feed, (n - 1)[:, None] + steps[:k + 1])
+        no_speech = torch.softmax(logits[:, 0], dim=-1)[:, o.no_speech]  # a prompt ending with <|sot|>: its first pass
+        accepted, emitted, token_lp = judge(logits, drafts, state, o)
+        live = torch.arange(b, device=n.device) < self.m
+        cut, ended, new, n_new = advance(seq, n, state, self.sample_len[:b], self.max_pos, accepted, emitted, o)
+        n.copy_(torch.where(live, n_new, n))  # idle slots stay where they are
+        for mine, theirs in zip(self.state, (new.count, new.last, new.penult, new.stamp)):
+            mine[:b].copy_(torch.where(live, theirs, mine[:b]))
+        self.out[:b].copy_(torch.cat([host_row(accepted, cut, ended, emitted, token_lp), no_speech[:, None].double()], 1))
+
+    def run_pass(self, m: int) -> list[list[float]]:
+        """One pass over the m live rows (the first slots): the host's one read, a row per live row."""
+        b = min(bucket(m), self.slots)
+        if self.seq.is_cuda:
+            if b not in self.graphs:
+                self.graphs[b] = self._capture(b)
+            self.m.fill_(m)
+            self.graphs[b].replay()
+        else:
+            self.m.fill_(m)
+            self._pass(b)
+        return self.out[:m].tolist()
+
+    def _capture(self, b: int) -> torch.cuda.CUDAGraph:
+        """The pass over ``b`` slots as a CUDA graph. Warm-up and capture run with no live row: the live rows' lengths
+        and states do not move, and what their slots get written (positions from their length on) is stale."""
+        self.m.fill_(0)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._pass(b)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._pass(b)
+        return graph
+
+
+def arena_for(decoders: Decoders, k: int, o: DecodeOptions, b: int, memories: Pair[torch.Tensor],
+              capacity: int) -> Arena:
+    """The arena of this decoder pair, K, rules and memory lengths with room for ``b`` rows (made, or grown, here)."""
+    draft = decoders.draft if k else None
+    shapes = (memories.target.shape[1], None if draft is None else memories.draft.shape[1])
+    key = (id(draft), k, o.rules.key, o.eot, o.no_speech, shapes, capacity)
+    arenas = _ARENAS.setdefault(decoders.target, {})
+    if key not in arenas or arenas[key].slots < b:
+        arenas.pop(key, None)  # its graphs and buffers go before the bigger one is made
+        arenas[key] = Arena(decoders.target, draft, k, o, bucket(b), memories, capacity)
+    return arenas[key]
+
+
+class StaticDecodingTask(DecodingTask):
+    """A :class:`DecodingTask` whose passes run in an :class:`Arena` (see the module's docstring)."""
+
+    def __init__(self, decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest],
+                 options: DecodeOptions, cross: Pair[CrossKV | None] = Pair(None)):
+        super().__init__(decoders, memories, requests, options, cross)
+        b = len(requests)
+        self.arena = arena_for(decoders, self.k, options, b, memories, self.capacity)
+        self.arena.claim(self, self.d_memory, self.d_lengths)
+        self.point(b)
+
+    def point(self, b: int) -> None:
+        """The task's device state: the arena's first ``b`` slots."""
+        a = self.arena
+        self.seq, self.n, self.sample_len, self.state = a.seq[:b], a.n[:b], a.sample_len[:b], a.rule_state(b)
+        self.t_cache = a.t.rows(b)
+        self.d_cache = a.d.rows(b) if a.d is not None else None
+
+    def keep(self, idx: torch.Tensor) -> None:
+        self.arena.compact(idx)
+        self.point(len(idx))
+
+    def prefill(self) -> None:
+        """The target's prefill, then the draft's over the same tokens (its passes catch up on the last two only)."""
+        super().prefill()
+        width = max(self.n_host) - 1
+        if self.d_cache is not None and width:
+            pos = self.steps[:width].expand(len(self.live), width)
+            self.draft(self.d_cache, self.seq[:, :width], pos, pos[:, :1])
+
+    def run(self) -> list:
+        self.prefill()
+        self.finish([(i, False) for i in range(len(self.live)) if self.room(i) <= 0])
+        while self.live:
+            read = self.arena.run_pass(len(self.live))
+            if self.sot_pending:  # the first pass of prompts ending with <|sot|>
+                for i, r in enumerate(self.live):
+                    if r in self.sot_pending:
+                        self.no_speech_prob[r] = read[i][-1]
+                self.sot_pending = []
+            self.book(read, [False] * len(self.live), self.k, self.k + 1)
+        return [r for r in self.results if r is not None]
+
+
+@torch.inference_mode()
+def decode_rows(decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest], options: DecodeOptions,
+                cross: Pair[CrossKV | None] = Pair(None)) -> list:
+    """:func:`speculative_decode`, static where the decode can be and the device wants it (``ASR_SPEC_STATIC``)."""
+    if eligible(decoders, memories, requests, options):
+        return StaticDecodingTask(decoders, memories, requests, options, cross).run()
+    return speculative_decode(decoders, memories, requests, options, cross)

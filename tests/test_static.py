@@ -1,0 +1,136 @@
+"""The static decode (decoding/static.py) on the CPU: the passes a CUDA graph replays, run eagerly. Slots are claimed,
+freed and compacted in place; every row gets the eager loop's tokens and log-probabilities to the last bit, in any
+company and bucket; batch 8 == batch 1; an arena outlives its decode and grows when a bigger batch comes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asr_spec.decoding import static
+from asr_spec.decoding.logits import LogitRules
+from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest
+from asr_spec.decoding.sampling import Sampler
+from asr_spec.decoding.speculative import speculative_decode
+from asr_spec.decoding.static import StaticDecodingTask, bucket, decode_rows, eligible
+from asr_spec.models.loader import load_draft
+from asr_spec.models.pair import Pair
+
+PROMPTS = [[50258, 50259, 50359], [50361, 100, 200, 50258, 50259, 50359], [50258, 50259, 50358],
+           [50258, 50259, 50359, 50363]]
+LENGTHS = [12, 30, 5, 20, 9, 16, 3, 25]  # sample_len per row: rows finish at different passes
+
+
+@pytest.fixture(scope="module")
+def draft(tiny_target):
+    return load_draft("layers:0", tiny_target)
+
+
+def _requests(v, rows: list[int], draft_memory: bool = False) -> list[RowRequest]:
+    return [RowRequest(PROMPTS[r % 4], PROMPTS[r % 4].index(v.sot), sample_len=LENGTHS[r],
+                       draft_memory_length=(7 + r) if draft_memory else None) for r in rows]
+
+
+def _options(v, k: int, timestamps: bool = True) -> DecodeOptions:
+    return DecodeOptions(LogitRules.whisper(v, timestamps), v.eot, v.no_speech, k=k)
+
+
+def _memory() -> torch.Tensor:
+    return torch.randn(8, 20, 32, generator=torch.Generator().manual_seed(5))
+
+
+@torch.inference_mode()
+def _run(task_type, target, draft, rows, k, timestamps=True, draft_memory=False):
+    v = target.vocab
+    mem = _memory()[rows]
+    task = task_type(Decoders(target.decoder, draft.decoder), Pair(mem, mem), _requests(v, rows, draft_memory),
+                     _options(v, k, timestamps))
+    return [(r.tokens, r.sum_logprob, r.no_speech_prob, r.stats.target_passes) for r in task.run()], task
+
+
+def eager(target, draft, rows, k, **kw):
+    v = target.vocab
+    mem = _memory()[rows]
+    return [(r.tokens, r.sum_logprob, r.no_speech_prob, r.stats.target_passes) for r in
+            speculative_decode(Decoders(target.decoder, draft.decoder), Pair(mem, mem),
+                               _requests(v, rows, kw.get("draft_memory", False)), _options(v, k, kw.get("timestamps", True)))]
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_a_static_decode_gives_every_row_the_eager_loops_bits(tiny_target, draft, k):
+    """8 rows of other prompts and lengths, rows leaving at different passes (compaction, buckets 8 -> 4 -> 2 -> 1):
+    tokens, sum of log-probabilities and no-speech probability equal the eager loop's, with and without timestamps,
+    with each row's draft reading its own share of the memory."""
+    rows = list(range(8))
+    for timestamps, draft_memory in ((True, False), (False, True)):
+        got, task = _run(StaticDecodingTask, tiny_target, draft, rows, k, timestamps, draft_memory)
+        want = eager(tiny_target, draft, rows, k, timestamps=timestamps, draft_memory=draft_memory)
+        assert [g[:3] for g in got] == [w[:3] for w in want], (k, timestamps)
+        assert len({len(g[0]) for g in got}) > 3  # rows really left at different passes
+    if k:  # speculation at work: fewer passes than tokens
+        assert sum(g[3] for g in got) < sum(len(g[0]) for g in got)
+
+
+def test_batch_8_equals_batch_1_and_the_arena_is_reused_and_grows(tiny_target, draft):
+    """Each row alone (an arena of one slot) and inside batches of 2..8 in any order: the same bits. Decodes of one
+    shape reuse their arena; a bigger batch gets a bigger one."""
+    static._ARENAS.clear()
+    alone = {r: _run(StaticDecodingTask, tiny_target, draft, [r], 3)[0][0] for r in range(8)}
+    first = next(iter(static._ARENAS[tiny_target.decoder].values()))
+    assert first.slots == 1
+    _run(StaticDecodingTask, tiny_target, draft, [5], 3)
+    assert next(iter(static._ARENAS[tiny_target.decoder].values())) is first  # reused
+    for company in ([7, 2], [0, 1, 2, 3, 4, 5, 6, 7], [6, 3, 1], [7, 6, 5, 4, 3, 2, 1]):
+        got, task = _run(StaticDecodingTask, tiny_target, draft, company, 3)
+        assert task.arena.slots == bucket(max(len(company), 1)) or task.arena.slots >= len(company)
+        for place, r in enumerate(company):
+            assert got[place][:3] == alone[r][:3], (company, r)
+
+
+@torch.inference_mode()
+def test_slots_are_claimed_freed_and_compacted_in_place(tiny_target, draft):
+    """A decode's rows hold the first slots; when rows finish the rest move down, at the same addresses; a pass over
+    m rows runs its bucket."""
+    v = tiny_target.vocab
+    mem = _memory()
+    task = StaticDecodingTask(Decoders(tiny_target.decoder, draft.decoder), Pair(mem, mem), _requests(v, range(8)),
+                              _options(v, 3))
+    a = task.arena
+    addresses = [t.data_ptr() for t in a.tensors()]
+    assert a.slots == 8 and torch.equal(a.seq[:8, :3], task.seq[:, :3])
+    task.prefill()
+    marker = a.t.self_k[0][5].clone()
+    task.finish([(1, False), (3, False), (4, False)])  # slots 1, 3, 4 free: 0, 2, 5, 6, 7 move to 0..4
+    assert task.live == [0, 2, 5, 6, 7] and task.seq.shape[0] == 5
+    assert torch.equal(a.t.self_k[0][2], marker)  # slot 5's cache now in slot 2
+    assert [t.data_ptr() for t in a.tensors()] == addresses  # compacted in place
+    idle = a.n[5:].clone(), a.seq[:5].clone()
+    read = a.run_pass(5)  # bucket 8: slots 5..7 idle
+    assert len(read) == 5 and all(row[1] >= 1 for row in read)  # every live row took a token
+    assert torch.equal(a.n[5:], idle[0]) and not torch.equal(a.seq[:5], idle[1])  # idle slots do not move
+    assert [bucket(m) for m in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
+
+
+def test_what_the_static_path_takes(tiny_target, draft, monkeypatch):
+    """Greedy, no hints, no recorded heads, one target memory length, ASR_SPEC_STATIC not off; the dispatcher gives
+    the others to the eager loop, with the same results."""
+    v = tiny_target.vocab
+    mem = _memory()[:2]
+    d = Decoders(tiny_target.decoder, draft.decoder)
+    plain = _requests(v, [0, 1])
+    monkeypatch.setenv("ASR_SPEC_STATIC", "on")
+    assert eligible(d, Pair(mem, mem), plain, _options(v, 3))
+    from dataclasses import replace
+
+    assert not eligible(d, Pair(mem, mem), [replace(plain[0], hint=[1, 2])], _options(v, 3))
+    assert not eligible(d, Pair(mem, mem), [replace(plain[0], memory_length=9)], _options(v, 3))
+    assert not eligible(d, Pair(mem, mem), plain, replace(_options(v, 3), sampler=Sampler(0.5)))
+    assert not eligible(d, Pair(mem, mem), plain, replace(_options(v, 3), attention_heads=((0, 0),)))
+    on = [r.tokens for r in decode_rows(d, Pair(mem, mem), plain, _options(v, 3))]
+    monkeypatch.setenv("ASR_SPEC_STATIC", "off")
+    assert not eligible(d, Pair(mem, mem), plain, _options(v, 3))
+    assert [r.tokens for r in decode_rows(d, Pair(mem, mem), plain, _options(v, 3))] == on
+    monkeypatch.setenv("ASR_SPEC_STATIC", "auto")
+    assert not eligible(d, Pair(mem, mem), plain, _options(v, 3))  # auto: CUDA only
+    monkeypatch.setenv("ASR_SPEC_STATIC", "maybe")
+    with pytest.raises(ValueError, match="ASR_SPEC_STATIC"):
+        eligible(d, Pair(mem, mem), plain, _options(v, 3))
