@@ -45,14 +45,20 @@ export ASR_SPEC_DEV=$DATA/dev PYTHONUNBUFFERED=1
 if [ -n "${QUICK:-}" ]; then LIMIT="--limit 2"; FILES=2; SESS=2; SECS=5; HOST=4; else LIMIT=""; FILES=16; SESS=16,64; SECS=30; HOST=16,64; fi
 
 [ -z "${SKIP_EXACT:-}" ] && step 45 $PY eval/exact_rows.py --device "$DEVICE" --compute-type "$TYPE",bfloat16,int8 > "$OUT/exact-rows.txt" 2>&1
-(cd "$WORK" && step 150 $PY -m asr_spec eval --manifest "$MANIFEST" $LIMIT --device "$DEVICE" --compute-type "$TYPE" \
-  --systems "${SYSTEMS:-target,spec}" --batch-size 1,8 --threads "$THREADS" --out "$WORK/eval")
-cp "$WORK/eval/results.json" "$OUT/eval-$TYPE.json" 2>/dev/null
-step 180 $PY eval/bench_streaming.py --device "$DEVICE" --compute-type "$TYPE" --seconds "$SECS" --skip-wer \
-  --sessions "$SESS" --threads "$THREADS" --out "$WORK/streaming"
+# the dev set with each static mode (ASR_SPEC_STATIC: auto = the static decode replayed as CUDA graphs on CUDA; off =
+# the eager loop), side by side in one run; BATCHES_<mode> gives a mode's batch sizes
+for mode in ${STATIC_MODES:-auto}; do
+  batches_var="BATCHES_$mode"
+  (cd "$WORK" && ASR_SPEC_STATIC=$mode step "${EVAL_SECS:-150}" $PY -m asr_spec eval --manifest "$MANIFEST" $LIMIT \
+    --device "$DEVICE" --compute-type "$TYPE" --systems "${SYSTEMS:-target,spec}" --batch-size "${!batches_var:-1,8}" \
+    --threads "$THREADS" --out "$WORK/eval-$mode")
+  cp "$WORK/eval-$mode/results.json" "$OUT/eval-$TYPE-static-$mode.json" 2>/dev/null
+done
+[ -z "${SKIP_STREAMING:-}" ] && step 180 $PY eval/bench_streaming.py --device "$DEVICE" --compute-type "$TYPE" \
+  --seconds "$SECS" --skip-wer --sessions "$SESS" --threads "$THREADS" --out "$WORK/streaming"
 cp "$WORK/streaming/results.json" "$OUT/streaming.json" 2>/dev/null
 [ -z "${SKIP_BUDGET:-}" ] && step 60 $PY eval/pass_budget.py --device "$DEVICE" --compute-type "$TYPE" --files "$FILES" --systems target,spec \
   --threads "$THREADS" --manifest "$MANIFEST" --out "$OUT/pass-budget.json"
-step 70 $PY eval/host_ceiling.py --device "$DEVICE" --sessions "$HOST" --seconds 20 --threads "$THREADS" \
+[ -z "${SKIP_HOST:-}" ] && step 70 $PY eval/host_ceiling.py --device "$DEVICE" --sessions "$HOST" --seconds 20 --threads "$THREADS" \
   --out "$OUT/host-ceiling.json"
 log done
