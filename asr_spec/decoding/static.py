@@ -77,7 +77,9 @@ class Arena:
         self.sample_len = torch.zeros(slots, dtype=torch.long, device=dev)
         self.m = torch.zeros((), dtype=torch.long, device=dev)  # live rows of the pass (the first slots)
         self.out = torch.zeros(slots, 3 + 2 * (k + 1) + 1, dtype=torch.float64, device=dev)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.sot_at = torch.zeros(slots, 1, dtype=torch.long, device=dev)  # where each prompt's no-speech is read
+        self.no_speech = torch.zeros(slots, dtype=torch.float32, device=dev)
+        self.graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}  # (bucket,): a pass; (bucket, width): a prefill
 
     def tensors(self) -> list[torch.Tensor]:
         """Every per-slot tensor (compaction moves them all)."""
@@ -141,33 +143,57 @@ class Arena:
             mine[:b].copy_(torch.where(live, theirs, mine[:b]))
         self.out[:b].copy_(torch.cat([host_row(accepted, cut, ended, emitted, token_lp), no_speech[:, None].double()], 1))
 
+    def _prefill(self, b: int, w: int) -> None:
+        """Both decoders over the first ``w`` tokens of the first ``b`` slots; the no-speech probability at each
+        row's ``sot_at``. Positions past a row's prompt get stale entries, which its passes overwrite before reading."""
+        pos = torch.arange(w, device=self.seq.device).expand(b, w)
+        first = self.target(self.t.rows(b), self.seq[:b, :w], pos, self.sot_at[:b])
+        self.no_speech[:b].copy_(torch.softmax(first[:, 0], dim=-1)[:, self.o.no_speech])
+        if self.d is not None:
+            self.draft(self.d.rows(b), self.seq[:b, :w], pos, pos[:, :1], shortlist=True, static=True)
+
+    def prefill(self, m: int, width: int, sot_at: list[int]) -> list[float]:
+        """Prefill the m live rows' prompts (their first ``width`` tokens; a bucket of a power of two, at least
+        EXACT_QUERIES, wide: an exact target gives a position the same bits in a pass of any width). Returns each row's
+        no-speech probability at its ``sot_at``."""
+        b, w = min(bucket(m), self.slots), min(bucket(max(width, 4)), self.max_pos)
+        self.sot_at[:m, 0] = torch.tensor(sot_at, device=self.seq.device)
+        self._run((b, w), lambda: self._prefill(b, w))
+        return self.no_speech[:m].tolist()
+
     def run_pass(self, m: int) -> list[list[float]]:
         """One pass over the m live rows (the first slots): the host's one read, a row per live row."""
         b = min(bucket(m), self.slots)
+        self.m.fill_(0)  # a pass captured now is captured with no live row: the live rows' state does not move
+        self._run((b,), lambda: self._pass(b))
+        self.m.fill_(m)
         if self.seq.is_cuda:
-            if b not in self.graphs:
-                self.graphs[b] = self._capture(b)
-            self.m.fill_(m)
-            self.graphs[b].replay()
+            self.graphs[(b,)].replay()
         else:
-            self.m.fill_(m)
             self._pass(b)
         return self.out[:m].tolist()
 
-    def _capture(self, b: int) -> torch.cuda.CUDAGraph:
-        """The pass over ``b`` slots as a CUDA graph. Warm-up and capture run with no live row: the live rows' lengths
-        and states do not move, and what their slots get written (positions from their length on) is stale."""
-        self.m.fill_(0)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._pass(b)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._pass(b)
-        return graph
+    def _run(self, key: tuple[int, ...], work) -> None:
+        """On CUDA: capture ``work`` as the graph ``key`` if it is new (after two warm-up runs on a side stream), and
+        replay prefills; on a CPU: run prefills. (A pass captured with no live row changes nothing; a prefill is
+        idempotent: its warm-up runs write what its replay writes.)"""
+        if not self.seq.is_cuda:
+            if len(key) == 2:
+                work()
+            return
+        if key not in self.graphs:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    work()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                work()
+            self.graphs[key] = graph
+        if len(key) == 2:
+            self.graphs[key].replay()
 
 
 def arena_for(decoders: Decoders, k: int, o: DecodeOptions, b: int, memories: Pair[torch.Tensor],
@@ -206,12 +232,11 @@ class StaticDecodingTask(DecodingTask):
         self.point(len(idx))
 
     def prefill(self) -> None:
-        """The target's prefill, then the draft's over the same tokens (its passes catch up on the last two only)."""
-        super().prefill()
+        """Both decoders' prefill (the draft's passes catch up on the last two tokens only)."""
         width = max(self.n_host) - 1
-        if self.d_cache is not None and width:
-            pos = self.steps[:width].expand(len(self.live), width)
-            self.draft(self.d_cache, self.seq[:, :width], pos, pos[:, :1])
+        if width:
+            self.no_speech_prob = self.arena.prefill(len(self.live), width,
+                                                     [min(r.sot_index, width - 1) for r in self.requests])
 
     def run(self) -> list:
         self.prefill()

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .linear import Dense, INT8_MODES, Linear
+from .linear import Dense, INT8_MODES, Linear, Plain
 
 
 class Columns:
@@ -189,7 +189,9 @@ class StaticDecoder:
         self.int8 = int8
         self.exact = exact
         self.dtype = dtype or decoder.embed_tokens.weight.dtype
-        linear: Linear = INT8_MODES[int8] if int8 else Dense
+        # float layers row-exact (``project``), but a draft's on CUDA as plain products (one kernel each; on a CPU the
+        # row-exact way measured fastest is as fast)
+        linear: Linear = INT8_MODES[int8] if int8 else Plain if head.is_cuda and not exact else Dense
         # cross-attention keys and values of int8 decoders in int8 with one scale per row (a per-call scale over a
         # window's 1500 frames would blur a draft's keys); a draft's in float32 cost 6.6 ms per 400 frames
         cross = INT8_MODES["rows"] if int8 else None
