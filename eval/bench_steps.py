@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from asr_spec.decoding.static import capture
 from asr_spec.evaluation.provenance import cpu_name, provenance
 from asr_spec.models.loader import default_draft, load_draft, load_target
 
@@ -47,16 +48,7 @@ def timed(fn, rounds: int = 7, repeat: int = 10, device: str = "cpu") -> float:
 
 def graphed(call) -> callable:
     """``call`` (static shapes, static inputs) captured as a CUDA graph; returns its replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    return graph.replay
+    return capture(call, warm_ups=3).replay
 
 
 def bench(compute_type: str, spec: str, b: int, n: int, frames: int, device: str = "cpu", graphs: bool = False) -> dict:

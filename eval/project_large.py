@@ -3,7 +3,7 @@ from the measured costs of their shapes (random weights: the arithmetic and memo
 acceptance is not) and the acceptance our whisper-base draft reaches on the dev set.
 
     python eval/project_large.py [--compute-type float32,int8] [--threads 2] [--device cpu] [--tokens-per-pass 2.4]
-                                 [--overhead-ms 1.4] [--out FILE.json]
+                                 [--overhead-ms 1.4] [--cuda-graphs] [--out FILE.json]
 
 Builds a Whisper decoder in large-v3's layout (width 1280, 20 heads, 32 decoder layers, vocabulary 51866) and a
 2-layer draft of the same width (distil-large-v3's decoder; its output layer the full vocabulary), both as the
@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditionalGeneration
 
+from asr_spec.decoding.static import capture
 from asr_spec.evaluation.provenance import provenance
 from asr_spec.models.compute import resolve_compute_type
 from asr_spec.models.kv_decoder import StaticDecoder
@@ -36,19 +37,22 @@ K = 3
 
 
 def ms(fn, rounds: int = 5, repeat: int = 5) -> float:
-    """Median over rounds of the mean ms per call."""
+    """Median over rounds of the mean ms per call (waiting for the device at each round's end)."""
     fn()
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     means = []
     for _ in range(rounds):
+        sync()
         t0 = time.perf_counter()
         for _ in range(repeat):
             fn()
+        sync()
         means.append((time.perf_counter() - t0) / repeat * 1000)
     return statistics.median(means)
 
 
 @torch.inference_mode()
-def measure(compute_type: str, device: str) -> dict:
+def measure(compute_type: str, device: str, graphs: bool = False) -> dict:
     p = resolve_compute_type(compute_type, device)
     torch.manual_seed(0)
     cfg = WhisperConfig(**LARGE_V3)
@@ -68,7 +72,9 @@ def measure(compute_type: str, device: str) -> dict:
         dec(cache, tokens[:, :40], pos[:, :40])
         widths = (1, K + 1) if name == "target" else (1,)
         for w in widths:
-            out[f"{name}_{w}_ms"] = ms(lambda: dec(cache, tokens[:, 40:40 + w], pos[:, 40:40 + w]))
+            call = lambda w=w, dec=dec, cache=cache: dec(cache, tokens[:, 40:40 + w], pos[:, 40:40 + w],  # noqa: E731
+                                                         static=graphs)
+            out[f"{name}_{w}_ms"] = ms(capture(call).replay if graphs else call)
     del target_hf, draft_hf
     return out
 
@@ -80,12 +86,14 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--tokens-per-pass", type=float, default=2.4)
     ap.add_argument("--overhead-ms", type=float, default=1.4)
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="time each call replayed as a CUDA graph (the static decode's passes; draft over the whole cache)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
     for ct in args.compute_type.split(","):
-        r = measure(ct, args.device)
+        r = measure(ct, args.device, args.cuda_graphs) | {"cuda_graphs": args.cuda_graphs}
         step, verify, d = r["target_1_ms"], r[f"target_{K + 1}_ms"], r["draft_1_ms"]
         r["projected_speedup"] = round(args.tokens_per_pass / ((verify + K * d + args.overhead_ms) / step), 3)
         r |= {"verify_steps": round(verify / step, 3), "draft_steps": round(d / step, 4)}

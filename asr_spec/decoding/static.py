@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from typing import Callable
 
 import torch
 
@@ -54,6 +55,21 @@ def eligible(decoders: Decoders, memories: Pair[torch.Tensor], requests: list[Ro
     """Whether this decode can be static: greedy, no hints, no recorded heads, one memory length for the target."""
     return (wanted(decoders.target.device) and o.sampler.greedy and not o.attention_heads and decoders.clock is None
             and all(not r.hint and (r.memory_length in (None, memories.target.shape[1])) for r in requests))
+
+
+def capture(work: Callable[[], object], warm_ups: int = 2) -> torch.cuda.CUDAGraph:
+    """``work`` (static shapes, inputs and outputs at fixed addresses) captured as a CUDA graph, after ``warm_ups``
+    runs on a side stream (which really run: ``work`` must tolerate them)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warm_ups):
+            work()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        work()
+    return graph
 
 
 class Arena:
@@ -182,16 +198,7 @@ class Arena:
                 work()
             return
         if key not in self.graphs:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    work()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                work()
-            self.graphs[key] = graph
+            self.graphs[key] = capture(work)
         if len(key) == 2:
             self.graphs[key].replay()
 

@@ -263,16 +263,18 @@ class StaticDecoder:
         if pad:  # zero queries that see every key; their outputs are dropped
             mask = torch.cat([mask, mask.new_ones(b, 1, pad, keys)], 2)
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
-            # queries always contiguous: the kernel's products take another path for a strided view (float32 on
-            # the CPU: other bits)
+            # an exact decoder's queries always contiguous: the kernel's products take another path for a strided view
+            # (float32 on the CPU: other bits); a draft's as they come (a copy less: a kernel less on CUDA)
+            q = F.pad(q, (0, 0, 0, pad)) if pad else q.contiguous() if self.exact else q
             with sdpa_kernel(SDPA_BACKENDS) if q.is_cuda else nullcontext():
-                return F.scaled_dot_product_attention(F.pad(q, (0, 0, 0, pad)) if pad else q.contiguous(), k, v,
-                                                      attn_mask=m, scale=1.0)[:, :, :t]
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=1.0)[:, :, :t]
 
         def cross(q: torch.Tensor, i: int, scores: bool) -> torch.Tensor:
             """Cross-attention of layer i (with ``scores``, its scores before the softmax into ``cross_scores``). An
             exact decoder attends each memory length's rows on their own (``KVCache.cross_groups``), others mask."""
             k, v = cache.cross_k[i], cache.cross_v[i]
+            if not (self.exact or scores):  # one masked call, its output as it is
+                return attend(q, k, v, cache.cross_mask)
             groups = cache.cross_groups if self.exact else [(k.shape[2], slice(None))]
             mask = None if self.exact else cache.cross_mask
             if scores:
