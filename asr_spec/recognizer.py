@@ -134,15 +134,17 @@ class Recognizer:
                temperature: float = 0.0, timestamps: bool = True, *, k: int = K, draft_stop: float = DRAFT_STOP,
                seed: int = 0, use_draft: bool = True, adaptive_k: bool = False, keep_cross: bool = False,
                cross: Pair[CrossKV | None] = Pair(None),
-               attention_heads: tuple[tuple[int, int], ...] = ()) -> list[RowResult]:
+               attention_heads: tuple[tuple[int, int], ...] = (), static: bool = False) -> list[RowResult]:
         """One speculative decode of a batch of windows (``memories`` rows match ``requests``). Sampling
         (``temperature`` > 0) draws with noise keyed by ``seed`` and each request's key: the same tokens with
         and without the draft, at any draft length. ``cross``: the decoders' cross-attention keys and values of
         ``memories`` where known (a stream keeps those of the audio it has encoded before); ``attention_heads``: the
-        (layer, head) pairs whose cross-attention each result keeps (word timing from the decode itself)."""
+        (layer, head) pairs whose cross-attention each result keeps (word timing from the decode itself); ``static``: may run
+        as a static decode (``DecodeOptions.static``: whole 30 s windows)."""
         draft = self.draft.decoder if (self.draft and use_draft) else None
         options = DecodeOptions(LogitRules.whisper(self.vocab, timestamps), self.vocab.eot, self.vocab.no_speech,
-                                Sampler(temperature, seed), k if draft else 0, draft_stop, keep_cross, attention_heads)
+                                Sampler(temperature, seed), k if draft else 0, draft_stop, keep_cross, attention_heads,
+                                static)
         results = decode_rows(Decoders(self.target.decoder, draft, self.costs if adaptive_k else None,
                                         self.clock), memories, requests, options, cross)
         self.decoder_passes += max((r.stats.target_passes for r in results), default=0)

@@ -283,7 +283,8 @@ class Transcriber(Recognizer):
                         for f, n in zip(group, lengths)]
             results = self.decode(memories, requests, c.temperatures[attempt], o.timestamps, k=o.k,
                                   draft_stop=o.draft_stop, seed=c.seed, use_draft=use_draft, adaptive_k=o.adaptive_k,
-                                  keep_cross=o.word_timestamps)
+                                  keep_cross=o.word_timestamps,
+                                  static=o.encoder_window is EncoderWindow.FULL)  # one memory length: one arena
             share = (time.perf_counter() - t0) / len(group)
             for f, result in zip(group, results):
                 f.stats.decode_seconds += share

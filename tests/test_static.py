@@ -10,7 +10,7 @@ from asr_spec.decoding import static
 from asr_spec.decoding.logits import LogitRules
 from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest
 from asr_spec.decoding.sampling import Sampler
-from asr_spec.decoding.speculative import speculative_decode
+from asr_spec.decoding.speculative import decode_capacity, speculative_decode
 from asr_spec.decoding.static import StaticDecodingTask, bucket, decode_rows, eligible
 from asr_spec.models.loader import load_draft
 from asr_spec.models.pair import Pair
@@ -31,7 +31,7 @@ def _requests(v, rows: list[int], draft_memory: bool = False) -> list[RowRequest
 
 
 def _options(v, k: int, timestamps: bool = True) -> DecodeOptions:
-    return DecodeOptions(LogitRules.whisper(v, timestamps), v.eot, v.no_speech, k=k)
+    return DecodeOptions(LogitRules.whisper(v, timestamps), v.eot, v.no_speech, k=k, static=True)
 
 
 def _memory() -> torch.Tensor:
@@ -125,7 +125,14 @@ def test_what_the_static_path_takes(tiny_target, draft, monkeypatch):
     assert not eligible(d, Pair(mem, mem), [replace(plain[0], memory_length=9)], _options(v, 3))
     assert not eligible(d, Pair(mem, mem), plain, replace(_options(v, 3), sampler=Sampler(0.5)))
     assert not eligible(d, Pair(mem, mem), plain, replace(_options(v, 3), attention_heads=((0, 0),)))
+    assert not eligible(d, Pair(mem, mem), plain, replace(_options(v, 3), static=False))  # not asked (streams)
     on = [r.tokens for r in decode_rows(d, Pair(mem, mem), plain, _options(v, 3))]
+    arena = static.arena_for(d, 3, _options(v, 3), 2, Pair(mem, mem),
+                             decode_capacity(tiny_target.decoder.max_positions, 3))  # the one decode_rows used
+    with arena.lock:  # another thread's decode holds the arena: this one runs eagerly, the arena untouched
+        before = arena.seq.clone()
+        assert [r.tokens for r in decode_rows(d, Pair(mem, mem), plain, _options(v, 3))] == on
+        assert torch.equal(arena.seq, before)
     monkeypatch.setenv("ASR_SPEC_STATIC", "off")
     assert not eligible(d, Pair(mem, mem), plain, _options(v, 3))
     assert [r.tokens for r in decode_rows(d, Pair(mem, mem), plain, _options(v, 3))] == on

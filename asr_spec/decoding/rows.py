@@ -29,6 +29,9 @@ class DecodeOptions:
     # (layer, head) pairs whose cross-attention scores each result keeps, for every token it chose (word timing from
     # the decode itself: streaming's AlignAtt)
     attention_heads: tuple[tuple[int, int], ...] = ()
+    # may run as a static decode (decoding/static.py) where the device wants one: whole 30 s windows (files, uploads),
+    # whose one memory length keeps one arena and its graphs; a stream's growing buffer would make new ones each step
+    static: bool = False
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,11 @@ from .rows import DecodeOptions, Decoders, RowRequest, RowResult, RowStats
 HINT_K = 8  # most hint tokens verified per pass
 
 
+def decode_capacity(max_pos: int, k: int) -> int:
+    """Positions a decode's caches hold: the decoder's, and a pass's widest overrun (K drafts or HINT_K hints)."""
+    return max_pos + max(k, HINT_K) + 2
+
+
 class DecodingTask:
     """One decode of a batch. Batch state (``seq``, ``n``, ``state``, caches; ``n_host``, ``dn``) holds the live
     rows in order; per-row lists are indexed by the row's place in ``requests``."""
@@ -45,7 +50,7 @@ class DecodingTask:
         if (longest := max(map(len, self.prompts))) > self.max_pos:
             raise ValueError(f"prompt + prefix of {longest} tokens exceeds the decoder's {self.max_pos} positions")
         b = len(requests)
-        capacity = self.max_pos + max(self.k, HINT_K) + 2
+        capacity = decode_capacity(self.max_pos, self.k)
         lengths = None
         if any(r.memory_length is not None for r in requests):
             lengths = [memories.target.shape[1] if r.memory_length is None else r.memory_length for r in requests]

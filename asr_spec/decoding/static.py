@@ -15,14 +15,16 @@ lives in an :class:`Arena` made once per (target, draft, K, rules, memory length
   K + 1 positions, acceptance and each row's advance, written in place; the host reads one row per slot.
 
 Every decoder call has the shapes of the eager loop's exact target (all K + 1 positions, the whole self-attention
-cache masked), so a row's bits are the eager loop's: the same tokens (tests/test_static.py). Greedy decodes without
-hints, recorded heads or ragged target memories take it; K is fixed (the adaptive chooser and the draft's early stop
+cache masked), so a row's bits are the eager loop's: the same tokens (tests/test_static.py). Decodes that ask for it
+(``DecodeOptions.static``: whole windows of files and uploads) and are greedy without hints, recorded heads or ragged
+target memories take it, one at a time per arena (a decode finding it busy runs eagerly); K is fixed (the adaptive chooser and the draft's early stop
 change speed only, and would read the host inside a pass). On a CPU the same passes run without graphs (the tests).
 ``ASR_SPEC_STATIC``: ``auto`` (default: on CUDA), ``on`` (any device), ``off``.
 """
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from typing import Callable
 
@@ -33,9 +35,10 @@ from ..models.pair import Pair
 from .judging import advance, host_row, judge
 from .logits import RuleState
 from .rows import DecodeOptions, Decoders, RowRequest
-from .speculative import DecodingTask, speculative_decode
+from .speculative import DecodingTask, decode_capacity, speculative_decode
 
 _ARENAS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target decoder -> {key: Arena}
+_LOOKUP = threading.Lock()
 
 
 def bucket(m: int) -> int:
@@ -52,8 +55,10 @@ def wanted(device: torch.device) -> bool:
 
 
 def eligible(decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest], o: DecodeOptions) -> bool:
-    """Whether this decode can be static: greedy, no hints, no recorded heads, one memory length for the target."""
-    return (wanted(decoders.target.device) and o.sampler.greedy and not o.attention_heads and decoders.clock is None
+    """Whether this decode can be static: asked to (``DecodeOptions.static``), greedy, no hints, no recorded heads,
+    one memory length for the target."""
+    return (o.static and wanted(decoders.target.device) and o.sampler.greedy and not o.attention_heads
+            and decoders.clock is None
             and all(not r.hint and (r.memory_length in (None, memories.target.shape[1])) for r in requests))
 
 
@@ -67,7 +72,7 @@ def capture(work: Callable[[], object], warm_ups: int = 2) -> torch.cuda.CUDAGra
             work()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads (streams) may launch meanwhile
         work()
     return graph
 
@@ -96,6 +101,7 @@ class Arena:
         self.sot_at = torch.zeros(slots, 1, dtype=torch.long, device=dev)  # where each prompt's no-speech is read
         self.no_speech = torch.zeros(slots, dtype=torch.float32, device=dev)
         self.graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}  # (bucket,): a pass; (bucket, width): a prefill
+        self.lock = threading.Lock()  # held by the one decode using the arena
 
     def tensors(self) -> list[torch.Tensor]:
         """Every per-slot tensor (compaction moves them all)."""
@@ -209,21 +215,22 @@ def arena_for(decoders: Decoders, k: int, o: DecodeOptions, b: int, memories: Pa
     draft = decoders.draft if k else None
     shapes = (memories.target.shape[1], None if draft is None else memories.draft.shape[1])
     key = (id(draft), k, o.rules.key, o.eot, o.no_speech, shapes, capacity)
-    arenas = _ARENAS.setdefault(decoders.target, {})
-    if key not in arenas or arenas[key].slots < b:
-        arenas.pop(key, None)  # its graphs and buffers go before the bigger one is made
-        arenas[key] = Arena(decoders.target, draft, k, o, bucket(b), memories, capacity)
-    return arenas[key]
+    with _LOOKUP:
+        arenas = _ARENAS.setdefault(decoders.target, {})
+        if key not in arenas or arenas[key].slots < b:
+            arenas.pop(key, None)  # its graphs and buffers go (once no decode holds them) before a bigger one is made
+            arenas[key] = Arena(decoders.target, draft, k, o, bucket(b), memories, capacity)
+        return arenas[key]
 
 
 class StaticDecodingTask(DecodingTask):
     """A :class:`DecodingTask` whose passes run in an :class:`Arena` (see the module's docstring)."""
 
     def __init__(self, decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest],
-                 options: DecodeOptions, cross: Pair[CrossKV | None] = Pair(None)):
+                 options: DecodeOptions, cross: Pair[CrossKV | None] = Pair(None), arena: Arena | None = None):
         super().__init__(decoders, memories, requests, options, cross)
         b = len(requests)
-        self.arena = arena_for(decoders, self.k, options, b, memories, self.capacity)
+        self.arena = arena or arena_for(decoders, self.k, options, b, memories, self.capacity)
         self.arena.claim(self, self.d_memory, self.d_lengths)
         self.point(b)
 
@@ -262,7 +269,15 @@ class StaticDecodingTask(DecodingTask):
 @torch.inference_mode()
 def decode_rows(decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest], options: DecodeOptions,
                 cross: Pair[CrossKV | None] = Pair(None)) -> list:
-    """:func:`speculative_decode`, static where the decode can be and the device wants it (``ASR_SPEC_STATIC``)."""
+    """:func:`speculative_decode`, static where the decode can be and the device wants it (``ASR_SPEC_STATIC``). An
+    arena serves one decode at a time: a decode that finds it busy (another thread's) runs the eager loop."""
     if eligible(decoders, memories, requests, options):
-        return StaticDecodingTask(decoders, memories, requests, options, cross).run()
+        k = options.k if decoders.draft is not None else 0
+        arena = arena_for(decoders, k, options, len(requests), memories,
+                          decode_capacity(decoders.target.max_positions, k))
+        if arena.lock.acquire(blocking=False):
+            try:
+                return StaticDecodingTask(decoders, memories, requests, options, cross, arena).run()
+            finally:
+                arena.lock.release()
     return speculative_decode(decoders, memories, requests, options, cross)
