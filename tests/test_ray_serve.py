@@ -4,8 +4,11 @@ the same noise wherever it is decoded). Sessions spread over both replicas and e
 every replica's metrics are scraped on its own port; a replica killed mid-session closes its own sessions' connections
 alone, a reconnect lands on the survivor, and Ray Serve brings the replica back.
 
-``--step 30``: no partial decode, only VAD's finals and the close's, so that what is decoded does not depend on when
-the audio arrives (a partial's timing would make two runs differ on any server)."""
+What is decoded must not depend on when the audio arrives (two runs of any server would differ): ``--step 30``, no
+partial decode; and each session's audio is one stretch of speech without a pause long enough to end an utterance
+(checked), so its only final is the close's, the whole buffer. (A voice-activity final cuts the buffer wherever the
+audio received so far ends: sent at once, a pause's final may come before or after the rest has arrived — the
+flaky failure of CI's run on 2026-11-26.)"""
 from __future__ import annotations
 
 import base64
@@ -28,6 +31,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from asr_spec.audio import load_audio
+from asr_spec.streaming.config import StreamConfig
+from asr_spec.vad import VoiceActivity
 from asr_spec.clients.stream import StreamEnded, stream_file
 
 from conftest import DEV
@@ -79,15 +84,22 @@ def replica_pid(port: int) -> int | None:
     return None
 
 
-def speech(start: int, seconds: float) -> np.ndarray:
-    """Dev utterances from ``start`` on, joined by 0.6 s of silence, until ``seconds``."""
-    items = [json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()]
-    parts, total, i = [], 0, start
-    while total < seconds * 16000:
-        a = load_audio(DEV / items[i % len(items)]["audio"])
-        parts += [a, np.zeros(9600, np.float32)]
-        total, i = total + len(a) + 9600, i + 1
-    return np.concatenate(parts)[: int(seconds * 16000)]
+# (dev utterance, second it starts at): 10 s of speech whose pauses are all shorter than an utterance's end
+STRETCHES = (("1688-142285-0001", 0), ("2961-961-0002", 8), ("2961-961-0004", 0), ("3331-159605-0008", 4))
+
+
+def speech(utterance: str, start_s: int, seconds: float = 10.0) -> np.ndarray:
+    """``seconds`` of a dev utterance from ``start_s`` on; fails unless every pause in it (after its first speech) is
+    shorter than the silence that ends an utterance, so that voice activity ends none before the close."""
+    items = {json.loads(x)["id"]: json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()}
+    audio = load_audio(DEV / items[utterance]["audio"])[start_s * 16000:int((start_s + seconds) * 16000)]
+    flags = VoiceActivity()(audio)
+    chunk_s, longest, run = VoiceActivity.CHUNK / 16000, 0.0, 0.0
+    for voiced in flags[flags.index(True):]:
+        run = 0.0 if voiced else run + chunk_s
+        longest = max(longest, run)
+    assert longest < StreamConfig().end_silence_s - 0.1, f"{utterance} from {start_s} s pauses {longest:.2f} s"
+    return audio
 
 
 def finals(events: list[dict]) -> list[str]:
@@ -123,7 +135,7 @@ def realtime_transcript(url: str, audio: np.ndarray, speed: float | None) -> str
 
 @pytest.fixture(scope="module")
 def audios() -> list[np.ndarray]:
-    return [speech(7 * i, 12.0) for i in range(4)]
+    return [speech(u, start) for u, start in STRETCHES]
 
 
 @pytest.fixture(scope="module")
