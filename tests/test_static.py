@@ -141,3 +141,18 @@ def test_what_the_static_path_takes(tiny_target, draft, monkeypatch):
     monkeypatch.setenv("ASR_SPEC_STATIC", "maybe")
     with pytest.raises(ValueError, match="ASR_SPEC_STATIC"):
         eligible(d, Pair(mem, mem), plain, _options(v, 3))
+
+
+def test_an_earlier_decodes_idle_slots_never_break_a_later_one(tiny_target, draft):
+    """Slots left by a decode of long prompts (their no-speech read far in, their lengths long) idle in a later
+    decode of short ones whose bucket covers them: its rows still get the eager loop's bits."""
+    v = tiny_target.vocab
+    static._ARENAS.clear()
+    long_prompt = [50361] + list(range(100, 140)) + [50258, 50259, 50359]
+    mem = _memory()
+    d = Decoders(tiny_target.decoder, draft.decoder)
+    first = [RowRequest(long_prompt, long_prompt.index(v.sot), sample_len=30) for _ in range(4)]
+    with torch.inference_mode():
+        StaticDecodingTask(d, Pair(mem[:4], mem[:4]), first, _options(v, 3)).run()
+        got, _ = _run(StaticDecodingTask, tiny_target, draft, [0, 1, 2], 3)  # bucket 4: slot 3 idle
+    assert [g[:3] for g in got] == [w[:3] for w in eager(tiny_target, draft, [0, 1, 2], 3)]

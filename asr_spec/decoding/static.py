@@ -179,6 +179,7 @@ class Arena:
         EXACT_QUERIES, wide: an exact target gives a position the same bits in a pass of any width). Returns each row's
         no-speech probability at its ``sot_at``."""
         b, w = min(bucket(m), self.slots), min(bucket(max(width, 4)), self.max_pos)
+        self.sot_at.zero_()  # idle slots too: an earlier decode's longer prompts left theirs past this width
         self.sot_at[:m, 0] = torch.tensor(sot_at, device=self.seq.device)
         self._run((b, w), lambda: self._prefill(b, w))
         return self.no_speech[:m].tolist()
