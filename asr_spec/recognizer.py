@@ -15,7 +15,8 @@ from .decoding.costs import BatchCosts
 from .decoding.logits import LogitRules
 from .decoding.sampling import Sampler
 from .decoding.rows import DecodeOptions, Decoders, RowRequest, RowResult
-from .decoding.static import decode_rows
+from .decoding.speculative import DecodingTask
+from .decoding.static import open_decode
 from .models.kv_decoder import CrossKV
 from .models.loader import Draft, Whisper
 from .models.pair import Pair
@@ -141,14 +142,29 @@ class Recognizer:
         ``memories`` where known (a stream keeps those of the audio it has encoded before); ``attention_heads``: the
         (layer, head) pairs whose cross-attention each result keeps (word timing from the decode itself); ``static``: may run
         as a static decode (``DecodeOptions.static``: whole 30 s windows)."""
+        task = self.open(memories, requests, temperature, timestamps, k=k, draft_stop=draft_stop, seed=seed,
+                         use_draft=use_draft, adaptive_k=adaptive_k, keep_cross=keep_cross, cross=cross,
+                         attention_heads=attention_heads, static=static)
+        try:
+            results = task.run()
+        finally:
+            task.close()
+        self.decoder_passes += max((r.stats.target_passes for r in results), default=0)
+        return results
+
+    def open(self, memories: Pair[torch.Tensor], requests: list[RowRequest],
+             temperature: float = 0.0, timestamps: bool = True, *, k: int = K, draft_stop: float = DRAFT_STOP,
+             seed: int = 0, use_draft: bool = True, adaptive_k: bool = False, keep_cross: bool = False,
+             cross: Pair[CrossKV | None] = Pair(None), attention_heads: tuple[tuple[int, int], ...] = (),
+             static: bool = False, room: int = 0) -> DecodingTask:
+        """``decode``'s decode, not run yet: its caller drives it pass by pass (``start``, ``step``), rows may
+        ``join`` it between passes (``room``: how many rows it will hold at most) and ``close`` ends it."""
         draft = self.draft.decoder if (self.draft and use_draft) else None
         options = DecodeOptions(LogitRules.whisper(self.vocab, timestamps), self.vocab.eot, self.vocab.no_speech,
                                 Sampler(temperature, seed), k if draft else 0, draft_stop, keep_cross, attention_heads,
                                 static)
-        results = decode_rows(Decoders(self.target.decoder, draft, self.costs if adaptive_k else None,
-                                        self.clock), memories, requests, options, cross)
-        self.decoder_passes += max((r.stats.target_passes for r in results), default=0)
-        return results
+        return open_decode(Decoders(self.target.decoder, draft, self.costs if adaptive_k else None, self.clock),
+                           memories, requests, options, cross, room)
 
     def needs_fallback(self, r: RowResult, o: Checks) -> bool:
         """Whisper's checks on a decode (openai/whisper's order): repetitive text (compression ratio) or unlikely

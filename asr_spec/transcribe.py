@@ -12,12 +12,14 @@ import numpy as np
 import torch
 
 from .audio import SAMPLE_RATE, Audio, AudioError, Cursor, blocks_of
-from .decoding.rows import RowResult, RowStats
+from .decoding.rows import RowRequest, RowResult
+from .decoding.speculative import DecodingTask
 from .features import FRAMES_PER_SECOND, HOP, N_FRAMES, TOKEN_SECONDS, Features, encoder_frames
-from .alignment import Word, align
+from .alignment import align
 from .models.pair import Pair
 from .recognizer import (DRAFT_STOP, K, Checks, EncoderWindow, Recognizer, Retry, compression_ratio, nothing_said,
                          pad_memories)
+from .transcript import Pieces, Segment, Stats, Transcript
 from .vad import speech_chunks
 
 DRAFT_MARGIN = 50  # encoder frames (1 s) the draft reads past the window's audio
@@ -45,63 +47,6 @@ class TranscribeOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "encoder_window", EncoderWindow(self.encoder_window))
-
-
-@dataclass
-class Segment:
-    start: float
-    end: float
-    text: str
-    tokens: list[int]
-    temperature: float
-    avg_logprob: float
-    compression_ratio: float
-    no_speech_prob: float
-    words: list[Word] | None = None  # with word_timestamps
-
-
-@dataclass
-class Stats:
-    audio_seconds: float = 0.0
-    encoder_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    windows: int = 0
-    fallbacks: int = 0
-    decode: RowStats = field(default_factory=RowStats)
-
-    def add(self, other: Stats) -> None:
-        """Add the times and counts of another piece of the same file (its audio is counted by the caller)."""
-        self.encoder_seconds += other.encoder_seconds
-        self.decode_seconds += other.decode_seconds
-        self.windows += other.windows
-        self.fallbacks += other.fallbacks
-        self.decode.add(other.decode)
-
-    def as_dict(self) -> dict:
-        d = self.decode
-        passes = d.target_passes
-        return {
-            "audio_seconds": round(self.audio_seconds, 3),
-            "encoder_seconds": round(self.encoder_seconds, 3),
-            "decode_seconds": round(self.decode_seconds, 3),
-            "windows": self.windows,
-            "fallbacks": self.fallbacks,
-            "tokens": d.tokens,
-            "target_passes": passes,
-            "drafted": d.drafted,
-            "accepted": d.accepted,
-            "rejected": d.rejected,
-            "acceptance": round(d.acceptance, 4),
-            "tokens_per_pass": round((d.accepted + passes) / passes, 3) if passes else 0.0,
-        }
-
-
-@dataclass
-class Transcript:
-    text: str
-    segments: list[Segment]
-    language: str | None
-    stats: Stats
 
 
 @dataclass
@@ -133,28 +78,18 @@ class _File:
 
 
 @dataclass
-class _Pieces:
-    """A file being transcribed: one piece (Whisper's loop over the whole file), or its speech chunks."""
-    duration: float
-    left: int
-    done: dict[int, _File] = field(default_factory=dict)
-    progress: dict[int, float] = field(default_factory=dict)  # seconds transcribed, by piece
-
-    def transcript(self) -> Transcript:
-        files = [self.done[n] for n in sorted(self.done)]
-        stats = Stats(audio_seconds=self.duration)
-        for f in files:
-            stats.add(f.stats)
-        segments = [s for f in files for s in f.segments]
-        language = next((f.language for f in files), None)
-        return Transcript("".join(s.text for s in segments).strip(), segments, language, stats)
+class _Running:
+    """The decode of files' windows at their first temperature, which the files' next windows join between passes
+    (continuous batching): a window that finishes makes room at once for the next, its file's or another file's."""
+    task: DecodingTask
+    files: dict[int, _File] = field(default_factory=dict)  # request index -> its file, while its row runs
 
 
 class Transcriber(Recognizer):
     """Whisper's window loop over files' audio, on a :class:`Recognizer`. Several files can be in flight: their
-    current windows are encoded together and decoded as one ragged batch, while each file keeps its own
-    sequential loop (previous text as prompt, seeking, temperature fallback), so a file's text does not depend on
-    the files beside it (up to the last bits of batched arithmetic)."""
+    current windows are decoded as one ragged batch, a file's next window joining it as soon as its window is done,
+    while each file keeps its own sequential loop (previous text as prompt, seeking, temperature fallback), so a
+    file's text does not depend on the files beside it."""
 
     def transcribe(self, audio: Audio, options: TranscribeOptions = TranscribeOptions(),
                    use_draft: bool = True, progress: Callable[[float], None] | None = None) -> Transcript:
@@ -169,17 +104,17 @@ class Transcriber(Recognizer):
                         ) -> Iterator[tuple[Hashable, Transcript | AudioError]]:
         """Transcribe (key, load audio) items with up to ``batch_size`` windows in flight, yielding (key,
         transcript) as each file finishes (not in input order), or (key, error) for audio that cannot be loaded.
-        A finished file's place is taken by the next file at the next step (once every row of the current decode
-        has ended: no refill in the middle of a decode yet); audio is loaded only then. With
+        A finished window's place in the decode is taken between two passes by its file's next window, or the
+        next file's first (continuous batching); audio is loaded only then. With
         ``options.chunked`` a file's speech chunks are its pieces (decoded side by side, then joined). Audio is
         an array or an :class:`AudioFile`, read a block at a time: then memory holds the windows in flight, not
         the files (each file is read twice: once to find its length and level, once as its windows go).
         ``before_step`` runs before each step's encode and decode (the server holds uploads there while live
-        streams are waiting to be decoded)."""
+        streams are waiting to be decoded): between two passes of a decode."""
         source = iter(items)
         queued: deque[_File] = deque()
         active: list[_File] = []
-        files: dict[Hashable, _Pieces] = {}
+        files: dict[Hashable, Pieces] = {}
 
         def finish(f: _File) -> Iterator[tuple[Hashable, Transcript]]:
             key, n = f.key
@@ -194,46 +129,82 @@ class Transcriber(Recognizer):
                 del files[key]
                 yield key, whole.transcript()
 
-        while True:
-            while len(active) < batch_size:
-                if queued:
-                    f = queued.popleft()
+        running: _Running | None = None
+        try:
+            while True:
+                while len(active) < batch_size:
+                    if queued:
+                        f = queued.popleft()
+                        if f.done:
+                            yield from finish(f)
+                        else:
+                            f.features = f.load()
+                            active.append(f)
+                        continue
+                    if (item := next(source, None)) is None:
+                        break
+                    key, load = item
+                    try:
+                        pieces, length = self._pieces(load(), options)
+                    except AudioError as e:
+                        yield key, e
+                        continue
+                    prompt = self.target.tokenizer.encode(" " + options.initial_prompt.strip()) \
+                        if options.initial_prompt else []
+                    files[key] = Pieces(length / SAMPLE_RATE, len(pieces))
+                    if not pieces:  # chunked, and no speech at all
+                        yield key, files.pop(key).transcript()
+                    for n, (a, b, features) in enumerate(pieces):
+                        queued.append(_File((key, n), a / SAMPLE_RATE, features, (b - a) // HOP,
+                                            options.language if self.vocab.multilingual else None,
+                                            Stats(audio_seconds=(b - a) / SAMPLE_RATE), all_tokens=list(prompt)))
+                if not active:
+                    return
+                if before_step is not None:
+                    before_step()
+                running, moved = self._step(active, running, options, use_draft, batch_size)
+                for f in moved:
                     if f.done:
+                        active.remove(f)
                         yield from finish(f)
-                    else:
-                        f.features = f.load()
-                        active.append(f)
-                    continue
-                if (item := next(source, None)) is None:
-                    break
-                key, load = item
-                try:
-                    pieces, length = self._pieces(load(), options)
-                except AudioError as e:
-                    yield key, e
-                    continue
-                prompt = self.target.tokenizer.encode(" " + options.initial_prompt.strip()) if options.initial_prompt else []
-                files[key] = _Pieces(length / SAMPLE_RATE, len(pieces))
-                if not pieces:  # chunked, and no speech at all
-                    yield key, files.pop(key).transcript()
-                for n, (a, b, features) in enumerate(pieces):
-                    queued.append(_File((key, n), a / SAMPLE_RATE, features, (b - a) // HOP,
-                                        options.language if self.vocab.multilingual else None,
-                                        Stats(audio_seconds=(b - a) / SAMPLE_RATE), all_tokens=list(prompt)))
-            if not active:
-                return
-            if before_step is not None:
-                before_step()
-            self._encode(active, options)
-            self._decode(active, options, use_draft)
-            for f in list(active):
-                if f.done:
-                    active.remove(f)
-                    yield from finish(f)
-                elif progress is not None:
-                    whole = files[f.key[0]]
-                    whole.progress[f.key[1]] = f.seek / FRAMES_PER_SECOND
-                    progress(f.key[0], sum(whole.progress.values()))
+                    elif progress is not None:
+                        whole = files[f.key[0]]
+                        whole.progress[f.key[1]] = f.seek / FRAMES_PER_SECOND
+                        progress(f.key[0], sum(whole.progress.values()))
+        finally:
+            if running is not None:
+                running.task.close()
+
+    def _step(self, files: list[_File], running: _Running | None, o: TranscribeOptions, use_draft: bool, room: int
+              ) -> tuple[_Running | None, list[_File]]:
+        """One step of the files' window loops: the windows not in the running decode are encoded; those at a
+        fallback temperature are decoded at once (one batch per temperature), the others join the running decode
+        (or start one with room for ``room`` rows); then it runs one pass. Returns the running decode (None once it
+        has no row left) and the files whose window was decoded."""
+        busy = {id(f) for f in running.files.values()} if running else set()
+        waiting = [f for f in files if id(f) not in busy]
+        self._encode(waiting, o)
+        fallbacks = [f for f in waiting if f.attempt > 0]
+        self._decode(fallbacks, o, use_draft)
+        fresh = [f for f in waiting if f.attempt == 0 and f.memory is not None and not f.done]
+        if fresh:
+            running = self._join(running, fresh, o, use_draft, room)
+        if running is None:
+            return None, fallbacks
+        task, t0 = running.task, time.perf_counter()
+        live = [running.files[r] for r in task.live]
+        task.step()
+        self.decoder_passes += bool(live)
+        for f in live:
+            f.stats.decode_seconds += (time.perf_counter() - t0) / len(live)
+        moved = []
+        for r, result in task.collect():
+            moved.append(f := running.files.pop(r))
+            self._take(f, result, o)
+        if not task.live:
+            task.close()
+            running = None
+        return running, fallbacks + moved
 
     def _pieces(self, audio: Audio, o: TranscribeOptions) -> tuple[list[tuple[int, int, Callable[[], Features]]], int]:
         """A file's pieces as (first sample, end, their features when they start), and its length in samples: the
@@ -265,30 +236,57 @@ class Transcriber(Recognizer):
             f.language = self.detect_language(f.memory.target)[0]
             f.stats.decode_seconds += time.perf_counter() - t0
 
+    def _rows(self, group: list[_File], o: TranscribeOptions, attempt: int) -> tuple[Pair[torch.Tensor],
+                                                                                       list[RowRequest]]:
+        """The encoder outputs and decode requests of the files' current windows."""
+        lengths = [f.memory.target.shape[1] for f in group]
+        ragged = len(set(lengths)) > 1
+        memories = Pair(pad_memories([f.memory.target for f in group]),
+                        None if group[0].memory.draft is None else pad_memories([f.memory.draft for f in group]))
+        hot = self.target.tokenizer.encode(" " + o.hotwords.strip()) if o.hotwords and o.hotwords.strip() else []
+        requests = [replace(self.prompt(f.all_tokens[f.prompt_since:], f.language, o.task, o.timestamps, hot),
+                            key=(f.seek, attempt),  # sampling noise keyed by window and attempt
+                            memory_length=n if ragged else None,
+                            draft_memory_length=None if o.draft_margin is None else f.size // 2 + o.draft_margin)
+                    for f, n in zip(group, lengths)]
+        return memories, requests
+
+    def _settings(self, o: TranscribeOptions, attempt: int, use_draft: bool) -> dict:
+        """``decode``'s and ``open``'s settings for windows at this temperature attempt."""
+        return dict(temperature=o.checks.temperatures[attempt], timestamps=o.timestamps, k=o.k,
+                    draft_stop=o.draft_stop, seed=o.checks.seed, use_draft=use_draft, adaptive_k=o.adaptive_k,
+                    keep_cross=o.word_timestamps,
+                    static=o.encoder_window is EncoderWindow.FULL)  # one memory length: one arena
+
     def _decode(self, files: list[_File], o: TranscribeOptions, use_draft: bool) -> None:
         """Decode every file's current window, one batch per temperature, and take the results."""
-        c = o.checks
         for attempt in sorted({f.attempt for f in files}):
             group = [f for f in files if f.attempt == attempt]
             t0 = time.perf_counter()
-            lengths = [f.memory.target.shape[1] for f in group]
-            ragged = len(set(lengths)) > 1
-            memories = Pair(pad_memories([f.memory.target for f in group]),
-                            None if group[0].memory.draft is None else pad_memories([f.memory.draft for f in group]))
-            hot = self.target.tokenizer.encode(" " + o.hotwords.strip()) if o.hotwords and o.hotwords.strip() else []
-            requests = [replace(self.prompt(f.all_tokens[f.prompt_since:], f.language, o.task, o.timestamps, hot),
-                                key=(f.seek, attempt),  # sampling noise keyed by window and attempt
-                                memory_length=n if ragged else None,
-                                draft_memory_length=None if o.draft_margin is None else f.size // 2 + o.draft_margin)
-                        for f, n in zip(group, lengths)]
-            results = self.decode(memories, requests, c.temperatures[attempt], o.timestamps, k=o.k,
-                                  draft_stop=o.draft_stop, seed=c.seed, use_draft=use_draft, adaptive_k=o.adaptive_k,
-                                  keep_cross=o.word_timestamps,
-                                  static=o.encoder_window is EncoderWindow.FULL)  # one memory length: one arena
+            results = self.decode(*self._rows(group, o, attempt), **self._settings(o, attempt, use_draft))
             share = (time.perf_counter() - t0) / len(group)
             for f, result in zip(group, results):
                 f.stats.decode_seconds += share
                 self._take(f, result, o)
+
+    def _join(self, running: _Running | None, files: list[_File], o: TranscribeOptions, use_draft: bool,
+              room: int) -> _Running | None:
+        """The files' windows (first temperature) join the running decode, or start one; they wait for the next
+        step where it cannot take them (a static decode's arena holds other shapes)."""
+        memories, requests = self._rows(files, o, 0)
+        t0 = time.perf_counter()
+        if running is None:
+            running = _Running(self.open(memories, requests, **self._settings(o, 0, use_draft), room=room))
+            running.task.start()
+            ids = range(len(requests))
+        elif running.task.can_join(memories, requests):
+            ids = running.task.join(memories, requests)
+        else:
+            return running
+        for f, r in zip(files, ids):
+            running.files[r] = f
+            f.stats.decode_seconds += (time.perf_counter() - t0) / len(files)
+        return running
 
     def _take(self, f: _File, result: RowResult, o: TranscribeOptions) -> None:
         """Whisper's decision on a decoded window: decode it again (padded to 30 s when it was encoded shorter and

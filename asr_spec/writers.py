@@ -6,7 +6,7 @@ import os
 import secrets
 from pathlib import Path
 
-from .transcribe import Segment, Transcript
+from .transcript import Segment, Transcript
 
 FORMATS = ("txt", "srt", "vtt", "json")
 

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from asr_spec.audio import AudioError, AudioTooLong, decode_audio
 from asr_spec.server.files import BadAudio, Busy, Failed, Upload
 from asr_spec.server.shared import Shared
-from asr_spec.transcribe import Transcript
+from asr_spec.transcript import Transcript
 from asr_spec.writers import to_srt, to_vtt, word_dicts
 
 log = logging.getLogger("asr_spec.serve")

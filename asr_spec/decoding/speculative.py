@@ -19,6 +19,7 @@ from ..models.kv_decoder import CrossKV
 from ..models.pair import Pair
 from .budget import phase
 from .costs import CostModel, wall_clock
+from .joining import JoinRows
 from .judging import advance, host_row, judge
 from .recording import HeadRecorder
 from .rows import DecodeOptions, Decoders, RowRequest, RowResult, RowStats
@@ -31,7 +32,7 @@ def decode_capacity(max_pos: int, k: int) -> int:
     return max_pos + max(k, HINT_K) + 2
 
 
-class DecodingTask:
+class DecodingTask(JoinRows):
     """One decode of a batch. Batch state (``seq``, ``n``, ``state``, caches; ``n_host``, ``dn``) holds the live
     rows in order; per-row lists are indexed by the row's place in ``requests``."""
 
@@ -43,7 +44,8 @@ class DecodingTask:
         self.k = o.k if self.draft is not None else 0
         self.costs = decoders.costs if self.draft is not None else None
         self.clock = decoders.clock
-        self.requests = requests
+        self.decoders = decoders
+        self.requests = list(requests)
         dev = self.dev = self.target.device
         self.prompts = [r.prompt + r.prefix for r in requests]
         self.max_pos = self.target.max_positions
@@ -56,7 +58,8 @@ class DecodingTask:
             lengths = [memories.target.shape[1] if r.memory_length is None else r.memory_length for r in requests]
         self.lengths, self.capacity = lengths, capacity
         self.t_cache = self.target.new_cache(memories.target, capacity, lengths, cross.target)
-        self.cross = CrossKV(self.t_cache.cross_k, self.t_cache.cross_v) if o.keep_cross else None
+        # each result's cross-attention: (first request, the keys and values of its rows) per batch of rows added
+        self.cross_parts = [(0, CrossKV(self.t_cache.cross_k, self.t_cache.cross_v))] if o.keep_cross else []
         # the draft's cache is built on its first pass: a decode whose passes are all measured to pay best without
         # the draft (K = 0) costs what target-only decoding does
         self.d_cache = None
@@ -83,6 +86,7 @@ class DecodingTask:
         self.logprobs: list[list[float]] = [[] for _ in requests]
         self.recorder = HeadRecorder(o.attention_heads, b)
         self.built = 0.0  # seconds of this pass spent building the draft's cache (once per decode)
+        self.ended: list[int] = []  # requests finished since ``collect`` was last called
 
     def _draft_view(self, memory: torch.Tensor | None, lengths: list[int] | None
                     ) -> tuple[torch.Tensor | None, list[int] | None]:
@@ -100,23 +104,54 @@ class DecodingTask:
         r = self.live[i]
         return min(self.requests[r].sample_len - len(self.sampled[r]), self.max_pos + 1 - self.n_host[i])
 
+    @torch.inference_mode()
     def run(self) -> list[RowResult]:
+        """The whole decode: ``start``, then passes until every row has finished."""
+        self.start()
+        while self.live:
+            self.step()
+        return [r for r in self.results if r is not None]
+
+    @torch.inference_mode()
+    def start(self) -> None:
         self.prefill()
         self.finish([(i, False) for i in range(len(self.live)) if self.room(i) <= 0])  # a prefix fills the room
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        """One pass over the live rows (rows that finish in it: ``collect``)."""
+        if self.live:
+            self.one_pass()
+
+    def one_pass(self) -> None:
         now = wall_clock(self.dev)
-        while self.live:
-            started = now() if self.costs is not None else 0.0
-            self.built = 0.0
-            t0, m = (self.clock.start_pass() if self.clock else 0.0), len(self.live)
-            costs = self.costs(m) if self.costs is not None else None
-            drafts, noise, chosen, hinted = self.propose(costs)
-            accepted, emitted, token_lp = self.verify(drafts, noise)
-            tokens = self.commit(accepted, emitted, token_lp, hinted, chosen or 0)
-            if costs is not None and chosen is not None and not any(hinted):  # a pass's cost, not the decode's setup
-                costs.record(chosen, tokens, now() - started - self.built)
-            if self.clock:
-                self.clock.end_pass(t0, m, round(tokens * m))
-        return [r for r in self.results if r is not None]
+        started = now() if self.costs is not None else 0.0
+        self.built = 0.0
+        t0, m = (self.clock.start_pass() if self.clock else 0.0), len(self.live)
+        costs = self.costs(m) if self.costs is not None else None
+        drafts, noise, chosen, hinted = self.propose(costs)
+        accepted, emitted, token_lp = self.verify(drafts, noise)
+        tokens = self.commit(accepted, emitted, token_lp, hinted, chosen or 0)
+        if costs is not None and chosen is not None and not any(hinted):  # a pass's cost, not the decode's setup
+            costs.record(chosen, tokens, now() - started - self.built)
+        if self.clock:
+            self.clock.end_pass(t0, m, round(tokens * m))
+
+    def collect(self) -> list[tuple[int, RowResult]]:
+        """The requests that finished since the last call and their results (which the decode then forgets: one
+        that rows keep joining holds only its live rows' tensors)."""
+        ended, self.ended = self.ended, []
+        taken = [(r, self.results[r]) for r in ended]
+        for r in ended:
+            self.results[r] = None
+        return taken
+
+    def close(self) -> None:
+        """The decode is over (a static decode gives its arena back)."""
+
+    def fresh(self, memories: Pair[torch.Tensor], requests: list[RowRequest]) -> "DecodingTask":
+        """A decode of other rows with these decoders and options (rows to join this one)."""
+        return DecodingTask(self.decoders, memories, requests, self.o)
 
     def prefill(self) -> None:
         """Everything but each prompt's last token (that one is fed with the first drafts). The no-speech
@@ -175,13 +210,7 @@ class DecodingTask:
         if self.d_cache is None:  # the first draft pass: the draft catches up on every token from position 0
             now = wall_clock(self.dev)
             t0 = now()
-            memory, lengths = self.d_memory, self.d_lengths
-            rows = torch.tensor(self.live, dtype=torch.long, device=memory.device)
-            cross = None if self.d_cross is None else \
-                self.d_cross.map(lambda t: t[:, :, :memory.shape[1]].index_select(0, rows))
-            with phase(self.clock, "draft"):
-                self.d_cache = draft.new_cache(memory.index_select(0, rows), self.capacity,
-                                               [lengths[r] for r in self.live] if lengths else None, cross)
+            self.build_draft_cache()
             self.built = now() - t0  # once per decode: not what a draft length costs
         width = max(n - d for n, d in zip(self.n_host, self.dn))
         fpos = ((self.n - width)[:, None] + self.steps[:width]).clamp(min=0)
@@ -212,6 +241,16 @@ class DecodingTask:
             state = state.push(x, o.rules.begin)
             feed, fpos = x[:, None], (self.n + j)[:, None]
         return proposals[:, :drafted], noises
+
+    def build_draft_cache(self) -> None:
+        """The draft's caches of the live rows, empty (it catches up from position 0)."""
+        memory, lengths = self.d_memory, self.d_lengths
+        rows = torch.tensor(self.live, dtype=torch.long, device=memory.device)
+        cross = None if self.d_cross is None else \
+            self.d_cross.map(lambda t: t[:, :, :memory.shape[1]].index_select(0, rows))
+        with phase(self.clock, "draft"):
+            self.d_cache = self.draft.new_cache(memory.index_select(0, rows), self.capacity,
+                                                [lengths[r] for r in self.live] if lengths else None, cross)
 
     def verify(self, drafts: torch.Tensor, noise: list[torch.Tensor | None]
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -295,6 +334,7 @@ class DecodingTask:
             return
         for i, ended in done:
             r = self.live[i]
+            self.ended.append(r)
             tokens = self.sampled[r][:-1] if ended else list(self.sampled[r])
             self.stats[r].tokens = len(tokens)
             self.results[r] = RowResult(tokens, self.sum_logprob[r], self.no_speech_prob[r], self.stats[r],
@@ -303,6 +343,10 @@ class DecodingTask:
                                         self.logprobs[r][:len(tokens) - len(self.requests[r].prefix)])
         gone = {i for i, _ in done}
         keep = [i for i in range(len(self.live)) if i not in gone]
+        if len(self.cross_parts) > 1:  # the cross-attention of batches of rows that have all finished goes
+            ends = [first for first, _ in self.cross_parts[1:]] + [len(self.requests)]
+            alive = [self.live[i] for i in keep]
+            self.cross_parts = [p for p, end in zip(self.cross_parts, ends) if any(p[0] <= r < end for r in alive)]
         if not keep:
             self.live = []
             return
@@ -319,10 +363,11 @@ class DecodingTask:
             self.d_cache = self.d_cache.select(idx)
 
     def _cross_of(self, r: int) -> CrossKV | None:
-        if self.cross is None:
+        if not self.cross_parts:
             return None
-        end = self.lengths[r] if self.lengths else self.cross.keys[0].shape[2]
-        return self.cross.map(lambda t: t[r:r + 1, :, :end])
+        first, cross = next(part for part in reversed(self.cross_parts) if part[0] <= r)
+        end = self.lengths[r] if self.lengths else cross.keys[0].shape[2]
+        return cross.map(lambda t: t[r - first:r - first + 1, :, :end])
 
 
 @torch.inference_mode()

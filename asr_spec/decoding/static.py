@@ -35,7 +35,7 @@ from ..models.pair import Pair
 from .judging import advance, host_row, judge
 from .logits import RuleState
 from .rows import DecodeOptions, Decoders, RowRequest
-from .speculative import DecodingTask, decode_capacity, speculative_decode
+from .speculative import DecodingTask, decode_capacity
 
 _ARENAS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target decoder -> {key: Arena}
 _LOOKUP = threading.Lock()
@@ -110,24 +110,25 @@ class Arena:
         mask = [self.d.static_mask] if self.d is not None else []
         return kv + mask + [self.seq, self.n, self.sample_len, *self.state]
 
-    def claim(self, task: DecodingTask, draft_memory: torch.Tensor | None, draft_lengths: list[int] | None) -> None:
-        """Slots 0..B-1 take a new decode's rows: its target cross-attention (computed by the task), the draft's
-        (computed here from ``draft_memory``, each row masked to its ``draft_lengths``), tokens, lengths, rules' state."""
-        b, c = len(task.live), task.t_cache
+    def claim(self, task: DecodingTask, at: int = 0) -> None:
+        """Slots at..at+B-1 take a decode's B rows (a new decode's, at 0; rows joining one, after its live rows): the
+        target's cross-attention (computed by the task), the draft's (computed here from the task's draft memory,
+        each row masked to its own length), tokens, lengths, rules' state."""
+        rows, c, memory = slice(at, at + len(task.live)), task.t_cache, task.d_memory
         for mine, theirs in zip((*self.t.cross_k, *self.t.cross_v), (*c.cross_k, *c.cross_v)):
-            mine[:b].copy_(theirs)
+            mine[rows].copy_(theirs)
         if self.d is not None:
-            cross = self.draft.cross_kv(draft_memory)
+            cross = self.draft.cross_kv(memory)
             for mine, theirs in zip((*self.d.cross_k, *self.d.cross_v), (*cross.keys, *cross.values)):
-                mine[:b, :, :theirs.shape[2]].copy_(theirs)
+                mine[rows, :, :theirs.shape[2]].copy_(theirs)
             s = self.d.static_mask.shape[-1]
-            lengths = torch.tensor(draft_lengths or [draft_memory.shape[1]] * b, device=self.seq.device)
-            self.d.static_mask[:b] = (torch.arange(s, device=self.seq.device) < lengths[:, None])[:, None, None, :]
-        self.seq[:b].copy_(task.seq)
-        self.n[:b].copy_(task.n)
-        self.sample_len[:b].copy_(task.sample_len)
+            lengths = torch.tensor(task.d_lengths or [memory.shape[1]] * len(task.live), device=self.seq.device)
+            self.d.static_mask[rows] = (torch.arange(s, device=self.seq.device) < lengths[:, None])[:, None, None, :]
+        self.seq[rows].copy_(task.seq)
+        self.n[rows].copy_(task.n)
+        self.sample_len[rows].copy_(task.sample_len)
         for mine, theirs in zip(self.state, (task.state.count, task.state.last, task.state.penult, task.state.stamp)):
-            mine[:b].copy_(theirs)
+            mine[rows].copy_(theirs)
 
     def compact(self, idx: torch.Tensor) -> None:
         """Only the rows in slots ``idx`` stay, moved in place to the first slots."""
@@ -165,23 +166,30 @@ class Arena:
             mine[:b].copy_(torch.where(live, theirs, mine[:b]))
         self.out[:b].copy_(torch.cat([host_row(accepted, cut, ended, emitted, token_lp), no_speech[:, None].double()], 1))
 
-    def _prefill(self, b: int, w: int) -> None:
-        """Both decoders over the first ``w`` tokens of the first ``b`` slots; the no-speech probability at each
-        row's ``sot_at``. Positions past a row's prompt get stale entries, which its passes overwrite before reading."""
-        pos = torch.arange(w, device=self.seq.device).expand(b, w)
-        first = self.target(self.t.rows(b), self.seq[:b, :w], pos, self.sot_at[:b])
-        self.no_speech[:b].copy_(torch.softmax(first[:, 0], dim=-1)[:, self.o.no_speech])
+    def _prefill(self, rows: slice, w: int) -> None:
+        """Both decoders over the first ``w`` tokens of the slots ``rows``; the no-speech probability at each row's
+        ``sot_at``. Positions past a row's prompt get stale entries, which its passes overwrite before reading."""
+        pos = torch.arange(w, device=self.seq.device).expand(rows.stop - rows.start, w)
+        first = self.target(self.t.rows(rows), self.seq[rows, :w], pos, self.sot_at[rows])
+        self.no_speech[rows].copy_(torch.softmax(first[:, 0], dim=-1)[:, self.o.no_speech])
         if self.d is not None:
-            self.draft(self.d.rows(b), self.seq[:b, :w], pos, pos[:, :1], shortlist=True, static=True)
+            self.draft(self.d.rows(rows), self.seq[rows, :w], pos, pos[:, :1], shortlist=True, static=True)
 
-    def prefill(self, m: int, width: int, sot_at: list[int]) -> list[float]:
-        """Prefill the m live rows' prompts (their first ``width`` tokens; a bucket of a power of two, at least
-        EXACT_QUERIES, wide: an exact target gives a position the same bits in a pass of any width). Returns each row's
-        no-speech probability at its ``sot_at``."""
-        b, w = min(bucket(m), self.slots), min(bucket(max(width, 4)), self.max_pos)
+    def prefill(self, m: int, width: int, sot_at: list[int], at: int = 0) -> list[float]:
+        """Prefill the prompts of the m rows from slot ``at`` (their first ``width`` tokens; a bucket of a power of
+        two, at least EXACT_QUERIES, wide: an exact target gives a position the same bits in a pass of any width).
+        Returns each row's no-speech probability at its ``sot_at``. A new decode's rows (at 0) prefill as a graph per
+        bucket; rows joining a decode run their prefill without one (once per row: not worth a graph per place)."""
+        w = min(bucket(max(width, 4)), self.max_pos)
+        rows = slice(at, at + m)
+        if at:
+            self.sot_at[rows, 0] = torch.tensor(sot_at, device=self.seq.device)
+            self._prefill(rows, w)
+            return self.no_speech[rows].tolist()
+        b = min(bucket(m), self.slots)
         self.sot_at.zero_()  # idle slots too: an earlier decode's longer prompts left theirs past this width
         self.sot_at[:m, 0] = torch.tensor(sot_at, device=self.seq.device)
-        self._run((b, w), lambda: self._prefill(b, w))
+        self._run((b, w), lambda: self._prefill(slice(0, b), w))
         return self.no_speech[:m].tolist()
 
     def run_pass(self, m: int) -> list[list[float]]:
@@ -232,8 +240,9 @@ class StaticDecodingTask(DecodingTask):
         super().__init__(decoders, memories, requests, options, cross)
         b = len(requests)
         self.arena = arena or arena_for(decoders, self.k, options, b, memories, self.capacity)
-        self.arena.claim(self, self.d_memory, self.d_lengths)
+        self.arena.claim(self)
         self.point(b)
+        self.owns_lock = False  # set by ``open_decode``, which took the arena's lock for it
 
     def point(self, b: int) -> None:
         """The task's device state: the arena's first ``b`` slots."""
@@ -246,39 +255,72 @@ class StaticDecodingTask(DecodingTask):
         self.arena.compact(idx)
         self.point(len(idx))
 
-    def prefill(self) -> None:
-        """Both decoders' prefill (the draft's passes catch up on the last two tokens only)."""
-        width = max(self.n_host) - 1
+    def prefill(self, task: DecodingTask | None = None, at: int = 0) -> None:
+        """Both decoders' prefill of this decode's rows, or of ``task``'s rows placed at slot ``at`` (rows joining):
+        the draft's passes catch up on the last two tokens only."""
+        task = task or self
+        width = max(task.n_host) - 1
         if width:
-            self.no_speech_prob = self.arena.prefill(len(self.live), width,
-                                                     [min(r.sot_index, width - 1) for r in self.requests])
+            task.no_speech_prob = self.arena.prefill(len(task.live), width,
+                                                     [min(r.sot_index, width - 1) for r in task.requests], at)
 
-    def run(self) -> list:
-        self.prefill()
-        self.finish([(i, False) for i in range(len(self.live)) if self.room(i) <= 0])
-        while self.live:
-            read = self.arena.run_pass(len(self.live))
-            if self.sot_pending:  # the first pass of prompts ending with <|sot|>
-                for i, r in enumerate(self.live):
-                    if r in self.sot_pending:
-                        self.no_speech_prob[r] = read[i][-1]
-                self.sot_pending = []
-            self.book(read, [False] * len(self.live), self.k, self.k + 1)
-        return [r for r in self.results if r is not None]
+    def can_join(self, memories: Pair[torch.Tensor], requests: list[RowRequest]) -> bool:
+        """Rows may join while the arena has free slots, if they could have started a static decode in it."""
+        a = self.arena
+        return (len(self.live) + len(requests) <= a.slots and not any(r.hint for r in requests)
+                and memories.target.shape[1] == a.t.cross_k[0].shape[2] and all(
+                    r.memory_length in (None, memories.target.shape[1]) for r in requests)
+                and (a.d is None or memories.draft.shape[1] == a.d.cross_k[0].shape[2]))
+
+    def place(self, new: DecodingTask) -> None:
+        """``new``'s rows take the free slots after the live rows, and are prefilled there."""
+        at = len(self.live)
+        self.arena.claim(new, at)
+        self.prefill(new, at)
+        self.point(at + len(new.live))
+
+    def one_pass(self) -> None:
+        read = self.arena.run_pass(len(self.live))
+        if self.sot_pending:  # the first pass of prompts ending with <|sot|>
+            for i, r in enumerate(self.live):
+                if r in self.sot_pending:
+                    self.no_speech_prob[r] = read[i][-1]
+            self.sot_pending = []
+        self.book(read, [False] * len(self.live), self.k, self.k + 1)
+
+    def close(self) -> None:
+        """Gives the arena back to other decodes (its slots stay as they are: the next decode claims them)."""
+        if self.owns_lock:
+            self.owns_lock = False
+            self.arena.lock.release()
 
 
 @torch.inference_mode()
-def decode_rows(decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest], options: DecodeOptions,
-                cross: Pair[CrossKV | None] = Pair(None)) -> list:
-    """:func:`speculative_decode`, static where the decode can be and the device wants it (``ASR_SPEC_STATIC``). An
-    arena serves one decode at a time: a decode that finds it busy (another thread's) runs the eager loop."""
+def open_decode(decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest], options: DecodeOptions,
+                cross: Pair[CrossKV | None] = Pair(None), room: int = 0) -> DecodingTask:
+    """A decode of these rows, static where it can be and the device wants it (``ASR_SPEC_STATIC``), with room for
+    ``room`` rows in all where rows are to join it. An arena serves one decode at a time, until its ``close``: a
+    decode that finds it busy (another thread's) runs the eager loop."""
     if eligible(decoders, memories, requests, options):
         k = options.k if decoders.draft is not None else 0
-        arena = arena_for(decoders, k, options, len(requests), memories,
+        arena = arena_for(decoders, k, options, max(len(requests), room), memories,
                           decode_capacity(decoders.target.max_positions, k))
         if arena.lock.acquire(blocking=False):
             try:
-                return StaticDecodingTask(decoders, memories, requests, options, cross, arena).run()
-            finally:
+                task = StaticDecodingTask(decoders, memories, requests, options, cross, arena)
+                task.owns_lock = True
+                return task
+            except BaseException:
                 arena.lock.release()
-    return speculative_decode(decoders, memories, requests, options, cross)
+                raise
+    return DecodingTask(decoders, memories, requests, options, cross)
+
+
+def decode_rows(decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest], options: DecodeOptions,
+                cross: Pair[CrossKV | None] = Pair(None)) -> list:
+    """Decode these rows to the end (see ``open_decode``)."""
+    task = open_decode(decoders, memories, requests, options, cross)
+    try:
+        return task.run()
+    finally:
+        task.close()

@@ -69,12 +69,27 @@ class KVCache:
     # a fixed-address [B, 1, 1, S] mask kept by its owner in place of ``cross_lengths``' (a static decode's arena)
     static_mask: torch.Tensor | None = None
 
-    def rows(self, b: int) -> "KVCache":
-        """The first ``b`` rows, as views (the same memory: a static decode's batch of b rows in its arena)."""
-        view = lambda ts: [t[:b] for t in ts]  # noqa: E731
+    def rows(self, b: int | slice) -> "KVCache":
+        """The first ``b`` rows (or the rows of slice ``b``), as views (the same memory: a static decode's batch of b
+        rows in its arena, or rows joining it)."""
+        s = slice(0, b) if isinstance(b, int) else b
+        view = lambda ts: [t[s] for t in ts]  # noqa: E731
         return KVCache(view(self.self_k), view(self.self_v), view(self.cross_k), view(self.cross_v),
-                       None if self.cross_lengths is None else self.cross_lengths[:b],
-                       None if self.static_mask is None else self.static_mask[:b])
+                       None if self.cross_lengths is None else self.cross_lengths[s],
+                       None if self.static_mask is None else self.static_mask[s])
+
+    def cat(self, other: "KVCache") -> "KVCache":
+        """These rows, then ``other``'s (rows joining a decode between passes): the cross-attention of the shorter
+        memory padded to the longer, each row attending to its own length."""
+        s1, s2 = self.cross_k[0].shape[2], other.cross_k[0].shape[2]
+        s = max(s1, s2)
+        pad = lambda t: F.pad(t, (0, 0, 0, s - t.shape[2]))  # noqa: E731
+        both = lambda a, b, f=lambda t: t: [torch.cat([f(x), f(y)]) for x, y in zip(a, b)]  # noqa: E731
+        lengths = ((self.cross_lengths or [s1] * self.cross_k[0].shape[0])
+                   + (other.cross_lengths or [s2] * other.cross_k[0].shape[0]))
+        return KVCache(both(self.self_k, other.self_k), both(self.self_v, other.self_v),
+                       both(self.cross_k, other.cross_k, pad), both(self.cross_v, other.cross_v, pad),
+                       lengths if min(lengths) < s else None)
 
     def select(self, rows: torch.Tensor) -> "KVCache":
         """Keep only ``rows`` (batch compaction when rows finish)."""
