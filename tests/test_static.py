@@ -88,8 +88,8 @@ def test_batch_8_equals_batch_1_and_the_arena_is_reused_and_grows(tiny_target, d
 
 @torch.inference_mode()
 def test_slots_are_claimed_freed_and_compacted_in_place(tiny_target, draft):
-    """A decode's rows hold the first slots; when rows finish the rest move down, at the same addresses; a pass over
-    m rows runs its bucket."""
+    """A decode's rows hold the first slots; when rows finish the last rows move into their slots, at the same
+    addresses; a pass over m rows runs its bucket."""
     v = tiny_target.vocab
     mem = _memory()
     task = StaticDecodingTask(Decoders(tiny_target.decoder, draft.decoder), Pair(mem, mem), _requests(v, range(8)),
@@ -99,9 +99,9 @@ def test_slots_are_claimed_freed_and_compacted_in_place(tiny_target, draft):
     assert a.slots == 8 and torch.equal(a.seq[:8, :3], task.seq[:, :3])
     task.prefill()
     marker = a.t.self_k[0][5].clone()
-    task.finish([(1, False), (3, False), (4, False)])  # slots 1, 3, 4 free: 0, 2, 5, 6, 7 move to 0..4
-    assert task.live == [0, 2, 5, 6, 7] and task.seq.shape[0] == 5
-    assert torch.equal(a.t.self_k[0][2], marker)  # slot 5's cache now in slot 2
+    task.finish([(1, False), (3, False), (4, False)])  # slots 1, 3, 4 free: 5, 6, 7 move into them
+    assert task.live == [0, 5, 2, 6, 7] and task.seq.shape[0] == 5
+    assert torch.equal(a.t.self_k[0][1], marker)  # slot 5's cache now in slot 1
     assert [t.data_ptr() for t in a.tensors()] == addresses  # compacted in place
     idle = a.n[5:].clone(), a.seq[:5].clone()
     read = a.run_pass(5)  # bucket 8: slots 5..7 idle

@@ -19,7 +19,7 @@ from ..models.kv_decoder import CrossKV
 from ..models.pair import Pair
 from .budget import phase
 from .costs import CostModel, wall_clock
-from .joining import JoinRows
+from .joining import JoinRows, move_rows
 from .judging import advance, host_row, judge
 from .recording import HeadRecorder
 from .rows import DecodeOptions, Decoders, RowRequest, RowResult, RowStats
@@ -37,7 +37,7 @@ class DecodingTask(JoinRows):
     rows in order; per-row lists are indexed by the row's place in ``requests``."""
 
     def __init__(self, decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest],
-                 options: DecodeOptions, cross: Pair[CrossKV | None] = Pair(None)):
+                 options: DecodeOptions, cross: Pair[CrossKV | None] = Pair(None), room: int = 0):
         o = self.o = options
         self.target = decoders.target
         self.draft = decoders.draft if o.k > 0 else None
@@ -56,13 +56,14 @@ class DecodingTask(JoinRows):
         lengths = None
         if any(r.memory_length is not None for r in requests):
             lengths = [memories.target.shape[1] if r.memory_length is None else r.memory_length for r in requests]
-        self.lengths, self.capacity = lengths, capacity
-        self.t_cache = self.target.new_cache(memories.target, capacity, lengths, cross.target)
-        # each result's cross-attention: (first request, the keys and values of its rows) per batch of rows added
-        self.cross_parts = [(0, CrossKV(self.t_cache.cross_k, self.t_cache.cross_v))] if o.keep_cross else []
+        self.capacity = capacity
+        # the caches hold ``room`` rows (rows join into the rows after the live ones); the live rows are the first
+        self.room_rows = max(b, room)
+        self.t_room = self.target.new_cache(memories.target, capacity, lengths, cross.target).grown(self.room_rows)
+        self.t_cache = self.t_room.rows(b)
         # the draft's cache is built on its first pass: a decode whose passes are all measured to pay best without
         # the draft (K = 0) costs what target-only decoding does
-        self.d_cache = None
+        self.d_room = self.d_cache = None
         self.d_memory, self.d_lengths = self._draft_view(memories.draft, lengths)
         self.d_cross = cross.draft
         self.steps = torch.arange(capacity, device=dev)
@@ -249,8 +250,10 @@ class DecodingTask(JoinRows):
         cross = None if self.d_cross is None else \
             self.d_cross.map(lambda t: t[:, :, :memory.shape[1]].index_select(0, rows))
         with phase(self.clock, "draft"):
-            self.d_cache = self.draft.new_cache(memory.index_select(0, rows), self.capacity,
-                                                [lengths[r] for r in self.live] if lengths else None, cross)
+            self.d_room = self.draft.new_cache(memory.index_select(0, rows), self.capacity,
+                                               [lengths[r] for r in self.live] if lengths else None,
+                                               cross).grown(self.room_rows)
+            self.d_cache = self.d_room.rows(len(self.live))
 
     def verify(self, drafts: torch.Tensor, noise: list[torch.Tensor | None]
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -338,36 +341,41 @@ class DecodingTask(JoinRows):
             tokens = self.sampled[r][:-1] if ended else list(self.sampled[r])
             self.stats[r].tokens = len(tokens)
             self.results[r] = RowResult(tokens, self.sum_logprob[r], self.no_speech_prob[r], self.stats[r],
-                                        self._cross_of(r),
+                                        self._cross_of(i),
                                         self.recorder.result(r, len(self.requests[r].prompt) - 1, len(tokens)),
                                         self.logprobs[r][:len(tokens) - len(self.requests[r].prefix)])
         gone = {i for i, _ in done}
-        keep = [i for i in range(len(self.live)) if i not in gone]
-        if len(self.cross_parts) > 1:  # the cross-attention of batches of rows that have all finished goes
-            ends = [first for first, _ in self.cross_parts[1:]] + [len(self.requests)]
-            alive = [self.live[i] for i in keep]
-            self.cross_parts = [p for p, end in zip(self.cross_parts, ends) if any(p[0] <= r < end for r in alive)]
+        k = len(self.live) - len(gone)
+        keep = list(range(k))  # the rows after the live ones move into the places of those that leave
+        for hole, row in zip([i for i in range(k) if i in gone], [i for i in range(k, len(self.live)) if i not in gone]):
+            keep[hole] = row
         if not keep:
             self.live = []
             return
         self.live = [self.live[i] for i in keep]
         self.n_host, self.dn = [self.n_host[i] for i in keep], [self.dn[i] for i in keep]
-        self.keep(torch.tensor(keep, dtype=torch.long, device=self.dev))
+        self.keep(keep)
 
-    def keep(self, idx: torch.Tensor) -> None:
-        """Only the batch rows ``idx`` stay in the device state."""
+    def keep(self, rows: list[int]) -> None:
+        """Only the batch rows ``rows`` stay in the device state, as its rows 0, 1, ... (the caches move only the rows
+        whose place changes)."""
+        idx = torch.tensor(rows, dtype=torch.long, device=self.dev)
         self.seq, self.n, self.sample_len = self.seq[idx], self.n[idx], self.sample_len[idx]
         self.state = self.state.select(idx)
-        self.t_cache = self.t_cache.select(idx)
-        if self.d_cache is not None:
-            self.d_cache = self.d_cache.select(idx)
+        for room in (self.t_room, self.d_room):
+            if room is not None:
+                move_rows(room.tensors(), rows)
+                if room.cross_lengths is not None:
+                    room.cross_lengths[:len(rows)] = [room.cross_lengths[i] for i in rows]
+        self.t_cache = self.t_room.rows(len(rows))
+        self.d_cache = None if self.d_room is None else self.d_room.rows(len(rows))
 
-    def _cross_of(self, r: int) -> CrossKV | None:
-        if not self.cross_parts:
+    def _cross_of(self, i: int) -> CrossKV | None:
+        """Live row i's cross-attention keys and values (a copy: its row's place is taken by others)."""
+        if not self.o.keep_cross:
             return None
-        first, cross = next(part for part in reversed(self.cross_parts) if part[0] <= r)
-        end = self.lengths[r] if self.lengths else cross.keys[0].shape[2]
-        return cross.map(lambda t: t[r - first:r - first + 1, :, :end])
+        end = self.t_cache.cross_lengths[i] if self.t_cache.cross_lengths else self.t_cache.cross_k[0].shape[2]
+        return CrossKV(self.t_cache.cross_k, self.t_cache.cross_v).map(lambda t: t[i:i + 1, :, :end].clone())
 
 
 @torch.inference_mode()

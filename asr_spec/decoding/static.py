@@ -6,8 +6,8 @@ graph replays its kernels with the addresses and shapes it was captured with, so
 lives in an :class:`Arena` made once per (target, draft, K, rules, memory length) and kept for later decodes:
 
 - **slots**: the target's and the draft's self- and cross-attention caches, the tokens, lengths, rule states and
-  room of ``slots`` rows. A decode's rows claim slots 0..B-1; rows that finish leave and the rest are compacted in
-  place, so the live rows are always the first slots;
+  room of ``slots`` rows. A decode's rows claim slots 0..B-1; rows that finish leave and the last live rows move
+  into their slots (in place), so the live rows are always the first slots; rows joining take the slots after them;
 - **buckets**: a pass over m live rows runs the bucket of the next power of two (slots beyond m are idle: their
   length does not move, their writes land in stale positions), one graph per bucket, captured on first use;
 - **the whole pass on the device**: the draft's K steps (its catch-up is always the last two tokens, re-feeding a
@@ -32,6 +32,7 @@ import torch
 
 from ..models.kv_decoder import CrossKV, KVCache, StaticDecoder
 from ..models.pair import Pair
+from .joining import move_rows
 from .judging import advance, host_row, judge
 from .logits import RuleState
 from .rows import DecodeOptions, Decoders, RowRequest
@@ -130,10 +131,9 @@ class Arena:
         for mine, theirs in zip(self.state, (task.state.count, task.state.last, task.state.penult, task.state.stamp)):
             mine[rows].copy_(theirs)
 
-    def compact(self, idx: torch.Tensor) -> None:
-        """Only the rows in slots ``idx`` stay, moved in place to the first slots."""
-        for t in self.tensors():
-            t[:len(idx)] = t.index_select(0, idx)
+    def compact(self, rows: list[int]) -> None:
+        """Only the rows in slots ``rows`` stay, moved in place to the first slots (only those whose slot changes)."""
+        move_rows(self.tensors(), rows)
 
     def rule_state(self, b: int) -> RuleState:
         return RuleState(*(t[:b] for t in self.state))
@@ -251,9 +251,9 @@ class StaticDecodingTask(DecodingTask):
         self.t_cache = a.t.rows(b)
         self.d_cache = a.d.rows(b) if a.d is not None else None
 
-    def keep(self, idx: torch.Tensor) -> None:
-        self.arena.compact(idx)
-        self.point(len(idx))
+    def keep(self, rows: list[int]) -> None:
+        self.arena.compact(rows)
+        self.point(len(rows))
 
     def prefill(self, task: DecodingTask | None = None, at: int = 0) -> None:
         """Both decoders' prefill of this decode's rows, or of ``task``'s rows placed at slot ``at`` (rows joining):
@@ -313,7 +313,7 @@ def open_decode(decoders: Decoders, memories: Pair[torch.Tensor], requests: list
             except BaseException:
                 arena.lock.release()
                 raise
-    return DecodingTask(decoders, memories, requests, options, cross)
+    return DecodingTask(decoders, memories, requests, options, cross, room)
 
 
 def decode_rows(decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest], options: DecodeOptions,

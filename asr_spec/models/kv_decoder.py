@@ -78,24 +78,39 @@ class KVCache:
                        None if self.cross_lengths is None else self.cross_lengths[s],
                        None if self.static_mask is None else self.static_mask[s])
 
-    def cat(self, other: "KVCache") -> "KVCache":
-        """These rows, then ``other``'s (rows joining a decode between passes): the cross-attention of the shorter
-        memory padded to the longer, each row attending to its own length."""
-        s1, s2 = self.cross_k[0].shape[2], other.cross_k[0].shape[2]
-        s = max(s1, s2)
-        pad = lambda t: F.pad(t, (0, 0, 0, s - t.shape[2]))  # noqa: E731
-        both = lambda a, b, f=lambda t: t: [torch.cat([f(x), f(y)]) for x, y in zip(a, b)]  # noqa: E731
-        lengths = ((self.cross_lengths or [s1] * self.cross_k[0].shape[0])
-                   + (other.cross_lengths or [s2] * other.cross_k[0].shape[0]))
-        return KVCache(both(self.self_k, other.self_k), both(self.self_v, other.self_v),
-                       both(self.cross_k, other.cross_k, pad), both(self.cross_v, other.cross_v, pad),
-                       lengths if min(lengths) < s else None)
+    def grown(self, room: int) -> "KVCache":
+        """These rows with room for ``room`` in all (rows that join a decode later take the rest), or itself."""
+        b = self.cross_k[0].shape[0]
+        if room <= b:
+            return self
+        more = lambda ts: [torch.cat([t, t.new_zeros(room - b, *t.shape[1:])]) for t in ts]  # noqa: E731
+        lengths = None if self.cross_lengths is None else self.cross_lengths + [self.cross_k[0].shape[2]] * (room - b)
+        return KVCache(more(self.self_k), more(self.self_v), more(self.cross_k), more(self.cross_v), lengths)
 
-    def select(self, rows: torch.Tensor) -> "KVCache":
-        """Keep only ``rows`` (batch compaction when rows finish)."""
-        pick = lambda ts: [t.index_select(0, rows) for t in ts]  # noqa: E731
-        lengths = None if self.cross_lengths is None else [self.cross_lengths[r] for r in rows.tolist()]
-        return KVCache(pick(self.self_k), pick(self.self_v), pick(self.cross_k), pick(self.cross_v), lengths)
+    def widened(self, s: int) -> "KVCache":
+        """These rows with room for memories of ``s`` positions (each row still attends to its own length)."""
+        b, full = self.cross_k[0].shape[0], self.cross_k[0].shape[2]
+        if s <= full:
+            return self
+        wide = lambda ts: [F.pad(t, (0, 0, 0, s - full)) for t in ts]  # noqa: E731
+        return KVCache(self.self_k, self.self_v, wide(self.cross_k), wide(self.cross_v),
+                       self.cross_lengths or [full] * b)
+
+    def put(self, at: int, other: "KVCache") -> None:
+        """``other``'s rows written into rows ``at``.. (rows joining a decode); its memory may be shorter than these
+        rows' (each row attends to its own length)."""
+        j, s, full = other.cross_k[0].shape[0], other.cross_k[0].shape[2], self.cross_k[0].shape[2]
+        for mine, theirs in zip((*self.self_k, *self.self_v), (*other.self_k, *other.self_v)):
+            mine[at:at + j].copy_(theirs)
+        for mine, theirs in zip((*self.cross_k, *self.cross_v), (*other.cross_k, *other.cross_v)):
+            mine[at:at + j, :, :s].copy_(theirs)
+        lengths = self.cross_lengths or [full] * self.cross_k[0].shape[0]
+        lengths[at:at + j] = other.cross_lengths or [s] * j
+        self.cross_lengths = lengths if min(lengths) < full else None
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every per-row tensor."""
+        return [*self.self_k, *self.self_v, *self.cross_k, *self.cross_v]
 
     @cached_property
     def cross_mask(self) -> torch.Tensor | None:
