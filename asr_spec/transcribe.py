@@ -200,6 +200,7 @@ class Transcriber(Recognizer):
         moved = []
         for r, result in task.collect():
             moved.append(f := running.files.pop(r))
+            self.decoded(f.memory.target[0], task.requests[r], result, o.checks.temperatures[0])
             self._take(f, result, o)
         if not task.live:
             task.close()
@@ -263,11 +264,17 @@ class Transcriber(Recognizer):
         for attempt in sorted({f.attempt for f in files}):
             group = [f for f in files if f.attempt == attempt]
             t0 = time.perf_counter()
-            results = self.decode(*self._rows(group, o, attempt), **self._settings(o, attempt, use_draft))
+            memories, requests = self._rows(group, o, attempt)
+            results = self.decode(memories, requests, **self._settings(o, attempt, use_draft))
             share = (time.perf_counter() - t0) / len(group)
-            for f, result in zip(group, results):
+            for f, request, result in zip(group, requests, results):
                 f.stats.decode_seconds += share
+                self.decoded(f.memory.target[0], request, result, o.checks.temperatures[attempt])
                 self._take(f, result, o)
+
+    def decoded(self, memory: torch.Tensor, request: RowRequest, result: RowResult, temperature: float) -> None:
+        """Every window decode, before Whisper's checks: the window's encoder output [S, D], its request and result
+        (a subclass keeps them: distillation's labels)."""
 
     def _join(self, running: _Running | None, files: list[_File], o: TranscribeOptions, use_draft: bool,
               room: int) -> _Running | None:

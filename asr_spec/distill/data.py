@@ -15,7 +15,7 @@ from ..audio import SAMPLE_RATE, AudioError, load_audio
 from ..features import N_SAMPLES, log_mel, window
 from ..models.loader import Whisper
 from ..models.pair import Pair
-from ..decoding.rows import SAMPLE_LEN, RowResult
+from ..decoding.rows import SAMPLE_LEN, RowRequest, RowResult
 from ..recognizer import Checks, Recognizer, compression_ratio, nothing_said, pad_memories
 from ..transcribe import TranscribeOptions, Transcriber
 from .tts import passages, random_voice, speak
@@ -114,13 +114,9 @@ class _Recorder(Transcriber):
         super().__init__(target)
         self.windows: list[tuple[torch.Tensor, list[int], RowResult]] = []
 
-    def decode(self, memories, requests, temperature=0.0, *args, **kwargs):  # noqa: ANN001 - Recognizer.decode's
-        results = super().decode(memories, requests, temperature, *args, **kwargs)
+    def decoded(self, memory: torch.Tensor, request: RowRequest, result: RowResult, temperature: float) -> None:
         if temperature == 0.0:
-            for i, (q, r) in enumerate(zip(requests, results)):
-                memory = memories.target
-                self.windows.append((memory[i, : q.memory_length or memory.shape[1]].clone(), q.prompt, r))
-        return results
+            self.windows.append((memory.clone(), request.prompt, result))
 
 
 def label_sessions(target: Whisper, recordings: list[tuple[str, np.ndarray]], top_k: int,
