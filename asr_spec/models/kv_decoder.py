@@ -300,13 +300,19 @@ class StaticDecoder:
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=1.0)[:, :, :t]
 
         def cross(q: torch.Tensor, i: int, scores: bool) -> torch.Tensor:
-            """Cross-attention of layer i (with ``scores``, its scores before the softmax into ``cross_scores``). An
-            exact decoder attends each memory length's rows on their own (``KVCache.cross_groups``), others mask."""
+            """Cross-attention of layer i (with ``scores``, its scores before the softmax into ``cross_scores``). Each
+            memory length's rows attend on their own (``KVCache.cross_groups``): an exact decoder's bits must not
+            depend on the padding, and on a CPU a draft reads only its rows' own positions (8 rows of 300-1500 of 1500
+            positions: 0.4 ms against 1.4 ms masked). A draft on CUDA, or in a static decode (no lengths on the host),
+            masks instead: one call (a few kernels against a call per length)."""
             k, v = cache.cross_k[i], cache.cross_v[i]
-            if not (self.exact or scores):  # one masked call, its output as it is
+            masked = not self.exact and (q.is_cuda or cache.static_mask is not None)
+            if masked and not scores:  # one masked call, its output as it is
                 return attend(q, k, v, cache.cross_mask)
-            groups = cache.cross_groups if self.exact else [(k.shape[2], slice(None))]
-            mask = None if self.exact else cache.cross_mask
+            groups = [(k.shape[2], slice(None))] if masked else cache.cross_groups
+            mask = cache.cross_mask if masked else None
+            if not (self.exact or scores) and len(groups) == 1:  # one length: the draft's call, its output as it is
+                return attend(q, k[:, :, :groups[0][0]], v[:, :, :groups[0][0]], None)
             if scores:
                 cross_scores[i] = torch.zeros(b, q.shape[1], t, k.shape[2], device=q.device)
             out = torch.empty_like(q)
