@@ -107,7 +107,7 @@ class Arena:
     def tensors(self) -> list[torch.Tensor]:
         """Every per-slot tensor (compaction moves them all)."""
         caches = [self.t] + ([self.d] if self.d is not None else [])
-        kv = [t for c in caches for t in (*c.self_k, *c.self_v, *c.cross_k, *c.cross_v)]
+        kv = [t for c in caches for t in c.tensors()]
         mask = [self.d.static_mask] if self.d is not None else []
         return kv + mask + [self.seq, self.n, self.sample_len, *self.state]
 
