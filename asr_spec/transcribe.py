@@ -109,8 +109,9 @@ class Transcriber(Recognizer):
         ``options.chunked`` a file's speech chunks are its pieces (decoded side by side, then joined). Audio is
         an array or an :class:`AudioFile`, read a block at a time: then memory holds the windows in flight, not
         the files (each file is read twice: once to find its length and level, once as its windows go).
-        ``before_step`` runs before each step's encode and decode (the server holds uploads there while live
-        streams are waiting to be decoded): between two passes of a decode."""
+        ``before_step`` runs before the first pass, then between two passes once as many windows have been decoded
+        since as there are files in flight (about one window of each, as when a batch was decoded whole): the
+        server holds uploads there while live streams are waiting to be decoded."""
         source = iter(items)
         queued: deque[_File] = deque()
         active: list[_File] = []
@@ -130,6 +131,7 @@ class Transcriber(Recognizer):
                 yield key, whole.transcript()
 
         running: _Running | None = None
+        decoded = float("inf")  # windows decoded since ``before_step`` last ran (it runs before the first step)
         try:
             while True:
                 while len(active) < batch_size:
@@ -160,9 +162,11 @@ class Transcriber(Recognizer):
                                             Stats(audio_seconds=(b - a) / SAMPLE_RATE), all_tokens=list(prompt)))
                 if not active:
                     return
-                if before_step is not None:
+                if before_step is not None and decoded >= len(active):
                     before_step()
+                    decoded = 0
                 running, moved = self._step(active, running, options, use_draft, batch_size)
+                decoded += len(moved)
                 for f in moved:
                     if f.done:
                         active.remove(f)

@@ -60,9 +60,9 @@ def options_for(upload: Upload, base: TranscribeOptions) -> TranscribeOptions:
 class FileWorker:
     """Transcribes uploads on its own thread, ``batch_size`` files in flight (requests with the same options that
     are waiting together are decoded as one batch). At most ``max_waiting`` requests wait; more are refused.
-    Live streams go first: while ``live()`` says streams are waiting to be decoded, the next step of the uploads
-    (one window of each file in flight) waits, at most ``max_yield_s`` in a row, so that uploads still progress
-    when the live sessions keep the device busy."""
+    Live streams go first: while ``live()`` says streams are waiting to be decoded, the uploads' decode waits between
+    two passes once about one window of each file in flight has been decoded since its last wait, at most
+    ``max_yield_s`` in a row, so that uploads still progress when the live sessions keep the device busy."""
 
     def __init__(self, transcriber: Transcriber, options: TranscribeOptions = TranscribeOptions(),
                  batch_size: int = 4, max_waiting: int = 16, live: Callable[[], bool] = lambda: False,

@@ -127,7 +127,8 @@ def _noise(seconds: float, seed: int) -> np.ndarray:
 
 def test_the_transcribers_windows_join_a_running_decode(short_target, monkeypatch):
     """Files of 1-3 windows at batch 3: windows join the decode between passes while other rows still run (counted
-    by watching ``join``), and every file's text is the text it gets alone."""
+    by watching ``join``), every file's text is the text it gets alone, and ``before_step`` runs about once per
+    window of each file in flight, not before every pass."""
     tr = Transcriber(short_target, load_draft("layers:0,1", short_target))
     audios = {"a": _noise(2, 0), "b": _noise(64, 1), "c": _noise(6, 2), "d": _noise(34, 3), "e": _noise(4, 4)}
     o = TranscribeOptions(language="en", checks=Checks(temperatures=(0.0,)))
@@ -140,7 +141,12 @@ def test_the_transcribers_windows_join_a_running_decode(short_target, monkeypatc
         return join(self, memories, requests)
 
     monkeypatch.setattr(DecodingTask, "join", watched)
-    got = dict(tr.transcribe_many([(name, lambda a=a: a) for name, a in audios.items()], o, batch_size=3))
+    waits: list[int] = []  # the server's hold for live streams: about once per window of each file in flight
+    passes = tr.decoder_passes
+    got = dict(tr.transcribe_many([(name, lambda a=a: a) for name, a in audios.items()], o, batch_size=3,
+                                  before_step=lambda: waits.append(tr.decoder_passes)))
+    windows = sum(t.stats.windows + t.stats.fallbacks for t in got.values())
+    assert 2 <= len(waits) <= windows and len(waits) < tr.decoder_passes - passes  # not before every pass
     assert sorted(got) == sorted(audios)
     for name, t in got.items():
         assert [s.tokens for s in t.segments] == [s.tokens for s in alone[name].segments], name
