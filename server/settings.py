@@ -72,8 +72,7 @@ class ServeSettings(BaseSettings):
         "uploads to /v1/audio/* decoded together (same options, waiting at the same time)"))
     upload_yield: float = Field(5.0, ge=0, description=(
         "uploads wait up to this many seconds, after about one window of each file in flight, while live streams are "
-        "due (0: uploads and "
-        "streams share the CPU equally)"))
+        "due (0: uploads and streams share the CPU equally)"))
     idle_timeout: float = Field(60.0, gt=0, description="close sessions silent for this many seconds")
     model: str = Field(EMBEDDED, description="target: whisper-base (embedded), a local directory or a Hugging Face id")
     draft: str = Field("auto", description=(

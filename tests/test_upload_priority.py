@@ -1,5 +1,5 @@
 """Uploads to the OpenAI-compatible API wait for due live streams (tiny model, the server's FileWorker): an
-upload does not start its next window step while ``live()`` says streams are due, and never waits longer than
+upload does not go on with its windows while ``live()`` says streams are due, and never waits longer than
 ``max_yield_s`` in a row, so a server kept busy by live sessions still finishes uploads."""
 from __future__ import annotations
 
