@@ -13,14 +13,13 @@ import torch
 from .decoding.budget import PassClock
 from .decoding.costs import BatchCosts
 from .decoding.logits import LogitRules
-from .decoding.sampling import Sampler
 from .decoding.rows import DecodeOptions, Decoders, RowRequest, RowResult
+from .decoding.sampling import Sampler
 from .decoding.speculative import DecodingTask
 from .decoding.static import open_decode
 from .models.kv_decoder import CrossKV
 from .models.loader import Draft, Whisper
 from .models.pair import Pair
-
 
 K = 3  # most drafted tokens per target pass, by default
 DRAFT_STOP = 0.3  # by default a pass stops drafting when the draft believes its proposal less than this

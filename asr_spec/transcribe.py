@@ -11,14 +11,23 @@ from typing import Callable, Hashable, Iterable, Iterator
 import numpy as np
 import torch
 
+from .alignment import align
 from .audio import SAMPLE_RATE, Audio, AudioError, Cursor, blocks_of
 from .decoding.rows import RowRequest, RowResult
 from .decoding.speculative import DecodingTask
 from .features import FRAMES_PER_SECOND, HOP, N_FRAMES, TOKEN_SECONDS, Features, encoder_frames
-from .alignment import align
 from .models.pair import Pair
-from .recognizer import (DRAFT_STOP, K, Checks, EncoderWindow, Recognizer, Retry, compression_ratio, nothing_said,
-                         pad_memories)
+from .recognizer import (
+    DRAFT_STOP,
+    Checks,
+    EncoderWindow,
+    K,
+    Recognizer,
+    Retry,
+    compression_ratio,
+    nothing_said,
+    pad_memories,
+)
 from .transcript import Pieces, Segment, Stats, Transcript
 from .vad import speech_chunks
 

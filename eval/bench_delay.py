@@ -15,13 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from asr_spec.server.realtime_events import DELAYS, Settings
+from asr_spec.server.settings import ServeSettings
 
 from asr_spec.evaluation.harness import add_data_args, data, write_results
 from asr_spec.evaluation.metrics import wer
 from asr_spec.models.loader import ModelOptions, load
 from asr_spec.recognizer import Recognizer
-from asr_spec.server.realtime_events import DELAYS, Settings
-from asr_spec.server.settings import ServeSettings
 from asr_spec.streaming.config import EngineConfig
 from asr_spec.streaming.engine import Engine
 from asr_spec.streaming.policy import AlignAtt

@@ -25,14 +25,22 @@ from pathlib import Path
 import numpy as np
 import soxr
 import torch
-
 from asr_spec.clients.stream import connect_session
-from asr_spec.evaluation.harness import add_data_args, data, write_results
-from asr_spec.evaluation.streaming import (Log, missing_words, pct, serve_engine, server_around, streamed_words,
-                                           timed_words, word_latencies)
-from asr_spec.models.loader import ModelOptions, load
 from asr_spec.server.config import ServerConfig
 from asr_spec.server.settings import ServeSettings
+
+from asr_spec.evaluation.harness import add_data_args, data, write_results
+from asr_spec.evaluation.streaming import (
+    Log,
+    missing_words,
+    pct,
+    serve_engine,
+    server_around,
+    streamed_words,
+    timed_words,
+    word_latencies,
+)
+from asr_spec.models.loader import ModelOptions, load
 from asr_spec.streaming.policy import policy_named
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 

@@ -36,17 +36,30 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from asr_spec.server.config import ServerConfig
+from asr_spec.server.settings import ServeSettings
 
 from asr_spec import streaming
 from asr_spec.evaluation.data import DataSet, Session
 from asr_spec.evaluation.harness import add_data_args, data, longform, write_results
 from asr_spec.evaluation.metrics import wer
-from asr_spec.evaluation.streaming import (MAX_FINAL_LATENCY_S, EngineProbe, Log, TimedWord, largest_real_time,
-                                           missing_words, pct, run_clients, serve_engine, server_around,
-                                           streamed_words, timed_words, word_latencies, words)
+from asr_spec.evaluation.streaming import (
+    MAX_FINAL_LATENCY_S,
+    EngineProbe,
+    Log,
+    TimedWord,
+    largest_real_time,
+    missing_words,
+    pct,
+    run_clients,
+    serve_engine,
+    server_around,
+    streamed_words,
+    timed_words,
+    word_latencies,
+    words,
+)
 from asr_spec.models.loader import ModelOptions, load
-from asr_spec.server.config import ServerConfig
-from asr_spec.server.settings import ServeSettings
 from asr_spec.streaming.config import EngineConfig, StreamConfig, WordTiming
 from asr_spec.streaming.encoding import WINDOWS
 from asr_spec.streaming.engine import Engine, stream_audio

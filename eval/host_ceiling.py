@@ -17,13 +17,13 @@ import tempfile
 from pathlib import Path
 
 import torch
+from asr_spec.server.settings import ServeSettings
 
 from asr_spec.evaluation.harness import add_data_args, data, write_results
 from asr_spec.evaluation.streaming import feed_unpaced
 from asr_spec.models.loader import load_target
 from asr_spec.models.tiny import save_tiny
 from asr_spec.recognizer import Recognizer
-from asr_spec.server.settings import ServeSettings
 from asr_spec.streaming.engine import Engine
 
 CHUNK_S = 0.5

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import openai
-
 from asr_spec.clients.stream import stream_file
+
 from asr_spec.evaluation.harness import add_data_args, data, longform, served, write_results
 
 

@@ -29,8 +29,10 @@ def budget(tr: Transcriber, audios: list, system: str, k: int, batch: int, devic
     """One system's pass budget over ``audios`` (after a warm-up on the first)."""
     use_draft = SYSTEMS[system].get("use_draft", True)
     options = TranscribeOptions(language="en", k=k, adaptive_k=SYSTEMS[system].get("adaptive_k", False))
-    run = lambda: list(tr.transcribe_many([(i, lambda a=a: a) for i, a in enumerate(audios)], options, batch,
-                                          use_draft))  # noqa: E731
+
+    def run() -> list:
+        return list(tr.transcribe_many([(i, lambda a=a: a) for i, a in enumerate(audios)], options, batch, use_draft))
+
     tr.transcribe(audios[0], options, use_draft)  # warm-up (first calls, the draft-length chooser's first tries)
     tr.clock = clock = PassClock(torch.device(device))
     results = run()

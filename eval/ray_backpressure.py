@@ -20,9 +20,9 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+from asr_spec.clients.stream import connect_session
 from prometheus_client.parser import text_string_to_metric_families
 
-from asr_spec.clients.stream import connect_session
 from asr_spec.evaluation.harness import add_data_args, data, served, write_results
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,19 +17,10 @@ import socket
 import threading
 from collections import Counter
 from functools import partial
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
-from starlette.routing import Mount, Route, WebSocketRoute
-from starlette.staticfiles import StaticFiles
-from starlette.websockets import WebSocket
-
-from asr_spec.models.loader import Draft, Whisper
-from asr_spec.recognizer import Recognizer
 from asr_spec.server.asgi import HeadTimeout, MethodGuard, Uvicorn, WebSockets
 from asr_spec.server.config import ServerConfig, install_log_redaction
 from asr_spec.server.files import FileWorker
@@ -39,6 +30,15 @@ from asr_spec.server.realtime import RealtimeSession
 from asr_spec.server.session import Session, StreamSession
 from asr_spec.server.settings import ServeSettings
 from asr_spec.server.shared import Shared
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket
+
+from asr_spec.models.loader import Draft, Whisper
+from asr_spec.recognizer import Recognizer
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 

@@ -96,7 +96,7 @@ class FileWorker:
                 self._held.append(self._waiting.get_nowait())
             except queue.Empty:
                 break
-        for i, (upload, future) in enumerate(self._held):
+        for i, (upload, _future) in enumerate(self._held):
             if options is None or options_for(upload, self.options) == options:
                 return self._held.pop(i)
         return None

@@ -8,17 +8,17 @@ import asyncio
 import json
 import logging
 from http import HTTPStatus
-from typing import BinaryIO, Awaitable, Callable
+from typing import Awaitable, BinaryIO, Callable
 
 import numpy as np
+from asr_spec.server.files import BadAudio, Busy, Failed, Upload
+from asr_spec.server.shared import Shared
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
 from asr_spec.audio import AudioError, AudioTooLong, decode_audio
-from asr_spec.server.files import BadAudio, Busy, Failed, Upload
-from asr_spec.server.shared import Shared
 from asr_spec.transcript import Transcript
 from asr_spec.writers import to_srt, to_vtt, word_dicts
 

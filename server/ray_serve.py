@@ -20,11 +20,12 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from asr_spec.scaleout import INSTALL_HINT, RayUnavailable, connect
 from asr_spec.server.app import Server
 from asr_spec.server.config import match_key
 from asr_spec.server.settings import ServeSettings
 from asr_spec.server.shared import Shared
+
+from asr_spec.scaleout import INSTALL_HINT, RayUnavailable, connect
 
 log = logging.getLogger("asr_spec.serve")
 APP = "asr_spec"  # the Ray Serve application and deployment name

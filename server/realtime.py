@@ -11,15 +11,25 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from starlette.websockets import WebSocket
-
 from asr_spec.server.config import match_key
 from asr_spec.server.protocol import ProtocolError
-from asr_spec.server.realtime_events import (UPDATES, RealtimeAudio, RealtimeError, Settings, appended_audio,
-                                             base64_audio, error_event, ignored_fields, item, parse_event,
-                                             parse_update)
+from asr_spec.server.realtime_events import (
+    UPDATES,
+    RealtimeAudio,
+    RealtimeError,
+    Settings,
+    appended_audio,
+    base64_audio,
+    error_event,
+    ignored_fields,
+    item,
+    parse_event,
+    parse_update,
+)
 from asr_spec.server.session import Message, StreamSession
 from asr_spec.server.shared import Shared
+from starlette.websockets import WebSocket
+
 from asr_spec.streaming.events import Event
 from asr_spec.streaming.policy import AlignAtt
 

@@ -7,8 +7,8 @@ import binascii
 from dataclasses import dataclass, replace
 
 import numpy as np
-
 from asr_spec.server.protocol import ECHO_FIELDS, MAX_HOTWORDS, AudioDecoder, ProtocolError, Start, echo, load_object
+
 from asr_spec.streaming.config import StreamConfig
 from asr_spec.streaming.policy import AlignAtt, CommitPolicy
 

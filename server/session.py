@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterator
 from functools import partial
 
 import numpy as np
+from asr_spec.server.protocol import AudioDecoder, ProtocolError, parse_message, parse_start
+from asr_spec.server.shared import Shared
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from asr_spec.audio import SAMPLE_RATE
-from asr_spec.server.protocol import AudioDecoder, ProtocolError, parse_message, parse_start
-from asr_spec.server.shared import Shared
 from asr_spec.streaming.config import StreamConfig
 from asr_spec.streaming.events import Event
 

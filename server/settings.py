@@ -17,9 +17,10 @@ from asr_spec.streaming import MAX_STEP_S, STEP_S
 from asr_spec.streaming.policy import POLICIES, policy_named
 
 if TYPE_CHECKING:  # imported where used: the CLI builds serve's options from this module at every start
+    from asr_spec.server.config import ServerConfig
+
     from asr_spec.models.loader import ModelOptions
     from asr_spec.streaming.config import EngineConfig
-    from asr_spec.server.config import ServerConfig
 
 ENV_PREFIX = "ASR_SPEC_"
 

@@ -9,12 +9,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from starlette.requests import HTTPConnection
-from transformers.models.whisper.tokenization_whisper import LANGUAGES
-
 from asr_spec.server.config import ServerConfig, match_key
 from asr_spec.server.files import FileWorker
 from asr_spec.server.metrics import Metrics
+from starlette.requests import HTTPConnection
+from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
 from asr_spec.streaming.engine import Engine
 from asr_spec.streaming.events import Event
 

@@ -33,7 +33,7 @@ def wait_serving(port: int, proc: subprocess.Popen, stderr, seconds: float = 180
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                raise RuntimeError(f"asr_spec serve did not start (exit code {proc.poll()}):\n{stderr()}")
+                raise RuntimeError(f"asr_spec serve did not start (exit code {proc.poll()}):\n{stderr()}") from None
             time.sleep(0.3)
 
 

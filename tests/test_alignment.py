@@ -9,8 +9,8 @@ from conftest import DEV
 
 from asr_spec.alignment import dtw
 from asr_spec.audio import load_audio
-from asr_spec.transcribe import TranscribeOptions, Transcriber
 from asr_spec.models.pair import Pair
+from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 
 def _reference_dtw(cost: np.ndarray) -> tuple[list[int], list[int]]:
@@ -102,7 +102,7 @@ def test_a_decode_records_the_cross_attention_of_every_token_it_chose(tiny_targe
     from asr_spec.alignment import decoded_words
     from asr_spec.recognizer import Recognizer
 
-    rec, dec, v = Recognizer(tiny_target), tiny_target.decoder, tiny_target.vocab
+    rec, dec = Recognizer(tiny_target), tiny_target.decoder
     memory = torch.randn(1, 40, tiny_target.hf.config.d_model, generator=torch.Generator().manual_seed(0))
     prefix = tiny_target.tokenizer.encode(" and so")
     request = replace(rec.prompt([], "en", "transcribe", timestamps=False), prefix=prefix, sample_len=12)

@@ -6,7 +6,6 @@ import json
 from dataclasses import replace
 
 import jiwer
-
 import numpy as np
 import pytest
 import torch

@@ -15,12 +15,11 @@ import time
 import numpy as np
 import pytest
 import soundfile as sf
+from conftest import DEV, default_sigint, wait_for_line
 
 from asr_spec import cli
 from asr_spec.cli import build_parser
 from asr_spec.writers import FORMATS, write_atomic
-
-from conftest import DEV, default_sigint, wait_for_line
 
 pytestmark = pytest.mark.slow
 DRAFT = ["--draft", "layers:0,1,2,3,5"]
@@ -227,6 +226,7 @@ def test_serve_defaults_are_the_engines_and_the_measured_ones(monkeypatch):
     """serve's step and policy are the streaming library's defaults, its load step 3 s; on a CPU it leaves one core to the
     event loop and admits the sessions measured to run at real time (2 per core with AMX, else 1); CUDA differs."""
     from asr_spec.server import settings as settings_module
+
     from asr_spec.streaming import MAX_STEP_S
     from asr_spec.streaming.config import StreamConfig
 

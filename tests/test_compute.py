@@ -7,15 +7,15 @@ import torch
 from conftest import DEV
 
 from asr_spec.audio import load_audio
-from asr_spec.decoding.sampling import Sampler
 from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest
+from asr_spec.decoding.sampling import Sampler
 from asr_spec.decoding.speculative import speculative_decode
 from asr_spec.features import log_mel, window
 from asr_spec.models.compute import ComputeTypeError, int8_kernels, resolve_compute_type, runnable
 from asr_spec.models.linear import CUDA_ROWS, Int8, in_blocks
 from asr_spec.models.loader import ModelOptions, default_draft, load, load_draft, load_target
-from asr_spec.models.sources import ModelError
 from asr_spec.models.pair import Pair
+from asr_spec.models.sources import ModelError
 
 TYPES = ["float32", "bfloat16", "int8_float32", "int8_bfloat16"]
 needs_int8 = pytest.mark.skipif(not int8_kernels("cpu"), reason="no int8 CPU kernels here")

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from asr_spec.decoding.costs import FIRST_TRIES, MAX_PROBE_EVERY, PROBE_EVERY, CostModel
-from asr_spec.models.compute import int8_kernels
-from asr_spec.models.kv_decoder import StaticDecoder
 from asr_spec.decoding.logits import LogitRules
 from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest
 from asr_spec.decoding.speculative import speculative_decode
+from asr_spec.models.compute import int8_kernels
+from asr_spec.models.kv_decoder import StaticDecoder
 from asr_spec.models.loader import load_draft
 from asr_spec.models.pair import Pair
 

@@ -11,11 +11,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from asr_spec.server.config import ServerConfig
 from conftest import system_tool
 from server_proc import free_port, in_process, recv
 from websockets.sync.client import connect
 
-from asr_spec.server.config import ServerConfig
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import Transcriber
 

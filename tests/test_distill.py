@@ -9,13 +9,12 @@ import sys
 
 import pytest
 import torch
+from conftest import DEV, system_tool
 
 from asr_spec.audio import load_audio
 from asr_spec.features import log_mel, window
 from asr_spec.models.loader import load_draft
 from asr_spec.transcribe import Transcriber
-
-from conftest import DEV, system_tool
 
 pytestmark = pytest.mark.slow
 TRAIN = DEV.parent / "train"

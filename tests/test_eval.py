@@ -6,10 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import DEV
 
 from asr_spec.evaluation.metrics import acceptance_by_position, speedups, summarize
-
-from conftest import DEV
 
 
 def _run(texts: dict[str, str], kind: str = "hf", walls: dict[str, list[float]] | None = None) -> dict:

@@ -13,12 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import DEV
+from test_cli import run
 
 from asr_spec import cli
 from asr_spec.scaleout import INSTALL_HINT, remove_partials
-
-from conftest import DEV
-from test_cli import run
 
 FILES = ["jfk-inaugural-1961-ask-not.wav", "LJ001-0001.wav", "LJ001-0002.wav", "LJ001-0003.wav",
          "LJ001-0004.wav", "LJ001-0005.wav"]

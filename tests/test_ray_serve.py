@@ -26,18 +26,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from asr_spec.clients.stream import StreamEnded, stream_file
+from conftest import DEV
 from prometheus_client.parser import text_string_to_metric_families
+from server_proc import free_port, recv, serve
+from test_realtime import COMPLETED, pcm24
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from asr_spec.audio import load_audio
 from asr_spec.streaming.config import StreamConfig
 from asr_spec.vad import VoiceActivity
-from asr_spec.clients.stream import StreamEnded, stream_file
-
-from conftest import DEV
-from server_proc import free_port, recv, serve
-from test_realtime import COMPLETED, pcm24
 
 pytestmark = pytest.mark.slow  # a real Ray cluster and servers
 

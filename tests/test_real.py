@@ -6,16 +6,15 @@ import json
 import jiwer
 import pytest
 import torch
+from conftest import DEV
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from asr_spec.audio import load_audio
 from asr_spec.decoding.logits import LogitRules
 from asr_spec.features import log_mel, window
 from asr_spec.models.loader import default_draft, load_draft
-from asr_spec.transcribe import TranscribeOptions, Transcriber
 from asr_spec.models.pair import Pair
-
-from conftest import DEV
+from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 pytestmark = pytest.mark.slow
 # the shipped distilled draft (reduced head): long accepted runs, bonus tokens and rejections

@@ -14,6 +14,7 @@ import jiwer
 import numpy as np
 import pytest
 import soxr
+from asr_spec.server.config import ServerConfig
 from conftest import DEV
 from server_proc import in_process
 from websockets.exceptions import InvalidStatus
@@ -21,7 +22,6 @@ from websockets.sync.client import connect
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from asr_spec.audio import load_audio
-from asr_spec.server.config import ServerConfig
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import TranscribeOptions
 

@@ -18,12 +18,11 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
+from asr_spec.server.config import KEY_ENV, ServerConfig, redact
+from server_proc import in_process, recv, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from server_proc import in_process, recv, serve
-
-from asr_spec.server.config import KEY_ENV, ServerConfig, redact
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import Transcriber
 

@@ -8,11 +8,21 @@ import warnings
 
 import numpy as np
 import pytest
-
 from asr_spec.server.protocol import ProtocolError
+from asr_spec.server.realtime_events import (
+    G711,
+    RealtimeAudio,
+    RealtimeError,
+    Settings,
+    Vad,
+    appended_audio,
+    base64_audio,
+    error_event,
+    parse_event,
+    parse_update,
+)
+
 from asr_spec.streaming.policy import AlignAtt, LocalAgreement
-from asr_spec.server.realtime_events import (G711, RealtimeAudio, RealtimeError, Settings, Vad, appended_audio,
-                                             base64_audio, error_event, parse_event, parse_update)
 
 LANGUAGES = {"en", "de", "fr"}
 
@@ -188,6 +198,7 @@ def test_delay_levels_set_alignatts_margins_and_ignored_fields_are_named():
     """``transcription.delay`` picks AlignAtt's margins (medium: the server's own); an unknown level is refused
     naming the field. The fields accepted without effect are listed for warning events, GA and beta alike."""
     from asr_spec.server.realtime_events import DELAYS, ignored_fields
+
     from asr_spec.streaming.config import StreamConfig
 
     s = update({"type": "transcription", "audio": {"input": {"transcription": {"delay": "xhigh"}}}})

@@ -21,10 +21,10 @@ import torch
 from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput
 
-from asr_spec.models.kv_decoder import StaticDecoder
 from asr_spec.decoding.logits import LogitRules
 from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest, RowResult
 from asr_spec.decoding.speculative import speculative_decode
+from asr_spec.models.kv_decoder import StaticDecoder
 from asr_spec.models.pair import Pair
 
 V, SOT, NO_SPEECH, EOT = 80, 1, 2, 3

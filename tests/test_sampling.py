@@ -10,13 +10,13 @@ from scipy.stats import chisquare
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
 from asr_spec.decoding.costs import CostModel
-from asr_spec.models.kv_decoder import StaticDecoder
 from asr_spec.decoding.logits import LogitRules, SuppressAtBegin, SuppressTokens
-from asr_spec.decoding.sampling import Sampler
 from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest, RowStats
+from asr_spec.decoding.sampling import Sampler
 from asr_spec.decoding.speculative import speculative_decode
-from asr_spec.models.vocab import WhisperVocab
+from asr_spec.models.kv_decoder import StaticDecoder
 from asr_spec.models.pair import Pair
+from asr_spec.models.vocab import WhisperVocab
 
 V = 48
 VOCAB = WhisperVocab(size=V, eot=32, sot=33, sot_prev=34, no_speech=35, transcribe=36, translate=37,

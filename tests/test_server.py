@@ -14,16 +14,16 @@ import jiwer
 import numpy as np
 import pytest
 import soxr
+from asr_spec.clients.stream import stream_file as stream
+from asr_spec.server.app import Server
+from asr_spec.server.config import ServerConfig
 from conftest import DEV
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from asr_spec.audio import load_audio
-from asr_spec.clients.stream import stream_file as stream
 from asr_spec.models.loader import default_draft, load_draft
-from asr_spec.server.app import Server
-from asr_spec.server.config import ServerConfig
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 

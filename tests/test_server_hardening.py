@@ -23,13 +23,13 @@ import time
 
 import numpy as np
 import pytest
+from asr_spec.server.app import Server
+from asr_spec.server.config import ServerConfig, redact
 from conftest import default_sigint
 from server_proc import free_port, recv, wait_serving
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from asr_spec.server.app import Server
-from asr_spec.server.config import ServerConfig, redact
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import Transcriber
 

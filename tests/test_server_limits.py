@@ -22,14 +22,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+from asr_spec.server.config import KEY_ENV, ServerConfig, api_keys
+from asr_spec.server.files import FileWorker
 from conftest import DEV
 from server_proc import in_process
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from asr_spec.audio import load_audio
-from asr_spec.server.config import KEY_ENV, ServerConfig, api_keys
-from asr_spec.server.files import FileWorker
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import Transcriber
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import openai
 import pytest
+from asr_spec.clients.stream import stream_file
+from asr_spec.server.config import ServerConfig
+from asr_spec.server.files import FileWorker
 from conftest import DEV
 from server_proc import in_process
 
 from asr_spec.audio import load_audio
-from asr_spec.clients.stream import stream_file
-from asr_spec.server.config import ServerConfig
-from asr_spec.server.files import FileWorker
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import Transcriber
 

@@ -7,9 +7,9 @@ import threading
 import time
 
 import numpy as np
+from asr_spec.server.files import FileWorker, Upload
 
 from asr_spec.recognizer import Checks
-from asr_spec.server.files import FileWorker, Upload
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 # a random model's text always fails Whisper's checks: without them an upload is one decode of at most 32 tokens

@@ -17,6 +17,7 @@ from collections import Counter
 import jiwer
 import numpy as np
 import pytest
+from asr_spec.clients.stream import stream_file
 from conftest import DEV, system_tool
 from test_server import pcm16, running
 from websockets.sync.client import connect
@@ -24,7 +25,6 @@ from whisper_normalizer.basic import BasicTextNormalizer
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from asr_spec.audio import load_audio
-from asr_spec.clients.stream import stream_file
 from asr_spec.models.loader import default_draft, load_draft
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 

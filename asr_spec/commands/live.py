@@ -71,8 +71,9 @@ class StreamSettings:
 def stream(settings: StreamSettings) -> int:
     from websockets.exceptions import InvalidStatus, InvalidURI
 
-    from ..audio import AudioError, load_audio
     from asr_spec.clients.stream import printer, stream_file
+
+    from ..audio import AudioError, load_audio
 
     try:
         audio = load_audio(settings.file)

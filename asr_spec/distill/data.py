@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 from ..audio import SAMPLE_RATE, AudioError, load_audio
+from ..decoding.rows import SAMPLE_LEN, RowRequest, RowResult
 from ..features import N_SAMPLES, log_mel, window
 from ..models.loader import Whisper
 from ..models.pair import Pair
-from ..decoding.rows import SAMPLE_LEN, RowRequest, RowResult
 from ..recognizer import Checks, Recognizer, compression_ratio, nothing_said, pad_memories
 from ..transcribe import TranscribeOptions, Transcriber
 from .tts import passages, random_voice, speak

@@ -24,12 +24,13 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
-from ..alignment import Word
 from asr_spec.clients.stream import stream_file
-from ..recognizer import Recognizer
 from asr_spec.server.app import Server
 from asr_spec.server.config import ServerConfig
 from asr_spec.server.settings import ServeSettings
+
+from ..alignment import Word
+from ..recognizer import Recognizer
 from ..streaming.engine import Engine
 
 MAX_FINAL_LATENCY_S = 3.0  # the capacity bar: real time with final latency median at most this

@@ -6,20 +6,19 @@ rolling a row back is just feeding from an earlier position next time (gpt-fast 
 """
 from __future__ import annotations
 
+import copy
 from bisect import bisect_left
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, NamedTuple, Sequence
 
-import copy
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .linear import Dense, INT8_MODES, Linear, Plain
+from .linear import INT8_MODES, Dense, Linear, Plain
 
 
 class Columns:

@@ -33,6 +33,7 @@ def _package_data(package: str) -> Path:
 def convert_ct2(parts: list[Path], meta_dir: Path, out: Path) -> Path:
     """Convert a CTranslate2 Whisper checkpoint to a transformers directory at ``out`` (atomically)."""
     from tokenizers import Tokenizer
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     from .vocab import add_timestamp_tokens
 

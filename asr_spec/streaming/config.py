@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ..recognizer import DRAFT_STOP, K, Checks, EncoderWindow
+from ..recognizer import DRAFT_STOP, Checks, EncoderWindow, K
 from . import STEP_S
 from .policy import AlignAtt, CommitPolicy
 

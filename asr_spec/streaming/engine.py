@@ -22,7 +22,6 @@ from .events import Event
 from .request import RequestKind
 from .stream import Stream
 
-
 LOAD_SAMPLE_S = 0.5  # the load is sampled after every decode, and at least this often while polling
 
 

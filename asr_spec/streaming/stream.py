@@ -17,11 +17,11 @@ from __future__ import annotations
 from ..audio import SAMPLE_RATE
 from ..features import N_SAMPLES, TOKEN_SECONDS
 from ..recognizer import nothing_said
+from .boundaries import Boundaries
 from .config import StreamConfig
 from .encoding import BufferEncoder
-from .events import Event, Emitter, StreamStats
+from .events import Emitter, Event, StreamStats
 from .intake import Intake
-from .boundaries import Boundaries
 from .request import Decoded, RequestKind, StreamRequest
 
 
