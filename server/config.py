@@ -75,6 +75,13 @@ def match_key(keys: tuple[str, ...], token: str) -> str | None:
     return matches[0] if matches else None
 
 
+def bearer_token(authorization: str) -> str:
+    """The token of an ``Authorization: Bearer TOKEN`` header ("" for another scheme or none). The scheme's name is
+    case-insensitive in HTTP (RFC 9110, 11.1): ``bearer``, ``BEARER`` and ``Bearer`` all name it."""
+    scheme, _, token = authorization.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
 _SECRETS = re.compile(r"(?i)(api(?:_|%5f)key=)[^&\s#'\"]*|(\bauthorization:\s*(?:bearer\s+)?)[^\s'\"]+"
                       r"|(openai-insecure-api-key\.)[^\s,'\"]+")
 

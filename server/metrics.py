@@ -39,7 +39,7 @@ class Metrics:
         self.queue_wait = Histogram("asr_spec_decode_queue_wait_seconds", "How long a stream's audio waited for its "
                                     "decode (the step included)", buckets=WAIT_BUCKETS, registry=None)
         self.uploads = Counter("asr_spec_uploads", "Uploads to the OpenAI-compatible endpoints, by outcome "
-                               "(transcribed, refused, failed) and HTTP status", ["outcome", "status"], registry=None)
+                               "(transcribed, refused, failed, disconnected: 499) and HTTP status", ["outcome", "status"], registry=None)
         self._decodes_seen = 0
         self.collectors = (self.sessions_started, self.sessions_refused, self.latency, self.queue_wait, self.uploads)
 

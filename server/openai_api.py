@@ -12,10 +12,11 @@ from typing import Awaitable, BinaryIO, Callable
 
 import numpy as np
 from asr_spec.server.files import BadAudio, Busy, Failed, Upload
+from asr_spec.server.protocol import MAX_NAME, MAX_PROMPT
 from asr_spec.server.shared import Shared
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from asr_spec.audio import AudioError, AudioTooLong, decode_audio
@@ -29,6 +30,9 @@ GRANULARITIES = ("segment", "word")
 DRAIN_FACTOR = 4  # a body up to this many times the limit is read (and dropped) before its 413 is sent
 _FIELDS = {"file", "model", "language", "prompt", "temperature", "response_format", "timestamp_granularities[]",
            "timestamp_granularities"}
+
+
+CLIENT_CLOSED = 499  # nginx's "client closed request": the status an upload the client gave up on is counted under
 
 
 class ApiError(Exception):
@@ -63,6 +67,11 @@ def transcription(shared: Shared, task: str) -> Callable[[Request], Awaitable[Re
         except ApiError as e:
             shared.metrics.uploads.labels("refused", str(e.status.value)).inc()
             return e.response()
+        except ClientDisconnect:  # the client's doing, not the server's: no traceback, not a 500
+            log.info("upload from %s: the client disconnected before its request was read",
+                     request.client.host if request.client else "?")
+            shared.metrics.uploads.labels("disconnected", str(CLIENT_CLOSED)).inc()
+            return Response(status_code=CLIENT_CLOSED)  # nobody reads it
         except Exception as e:  # noqa: BLE001 - the client gets a 500, the server goes on
             log.exception("transcription request failed")
             shared.metrics.uploads.labels("failed", "500").inc()
@@ -107,8 +116,13 @@ async def _receive(shared: Shared, request: Request, task: str) -> Upload:
         raise ApiError(HTTPStatus.BAD_REQUEST, "send the request as multipart/form-data (with a boundary)",
                        code="invalid_content_type")
     try:
-        form = await _within(c.upload_timeout_s, request.form(max_files=4, max_fields=32))
+        # a text field's bytes are bounded while they arrive (4 bytes a character at most): a megabyte prompt is
+        # never held, parsed or tokenized
+        form = await _within(c.upload_timeout_s, request.form(max_files=4, max_fields=32, max_part_size=4 * MAX_PROMPT))
     except HTTPException as e:
+        if "exceeded maximum size" in str(e.detail):
+            raise ApiError(HTTPStatus.BAD_REQUEST, f"a text field is longer than {MAX_PROMPT} characters (the most "
+                           "a prompt may have)", code="string_above_max_length") from None
         raise ApiError(HTTPStatus.BAD_REQUEST, f"malformed multipart/form-data body: {e.detail}",
                        code="invalid_body") from None
     try:
@@ -153,6 +167,10 @@ def parse_upload(task: str, fields: dict[str, list[str]], files: dict[str, list[
         raise ApiError(HTTPStatus.BAD_REQUEST, "send one 'file' field (this request has several)", param="file")
     if not uploads or not uploads[0].size:
         raise ApiError(HTTPStatus.BAD_REQUEST, "the 'file' field (the audio) is missing or empty", param="file")
+    for name, most in (("prompt", MAX_PROMPT), ("model", MAX_NAME), ("language", MAX_NAME)):
+        if len(value := one(name) or "") > most:
+            raise ApiError(HTTPStatus.BAD_REQUEST, f"'{name}' is {len(value)} characters long; at most {most} are "
+                           "accepted", param=name, code="string_above_max_length")
     model = one("model")
     if not model:
         raise ApiError(HTTPStatus.BAD_REQUEST, "the 'model' field is required (any name: this server has one model)",

@@ -30,6 +30,11 @@ class ProtocolError(Exception):
 
 
 MAX_HOTWORDS = 1000  # characters: more than the prompt's room (223 tokens) holds
+# a prompt (Whisper's initial_prompt; an upload's or a Realtime session's ``prompt``): Whisper reads at most the last
+# 223 tokens of it, ~1000 characters of English; twice that leaves room for other scripts. Text work on a client's
+# string (tokenizing, joining) is then bounded wherever it runs.
+MAX_PROMPT = 2000
+MAX_NAME = 256  # characters of any other free-text field (a model's name, a language's)
 
 
 @dataclass(frozen=True)

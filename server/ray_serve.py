@@ -21,7 +21,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from asr_spec.server.app import Server
-from asr_spec.server.config import match_key
+from asr_spec.server.config import bearer_token, match_key
 from asr_spec.server.settings import ServeSettings
 from asr_spec.server.shared import Shared
 
@@ -65,8 +65,7 @@ def metrics_endpoint(shared: Shared, host: str, port: int) -> ThreadingHTTPServe
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            auth = self.headers.get("Authorization") or ""
-            token = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
+            token = bearer_token(self.headers.get("Authorization") or "")
             if self.path.split("?")[0] != "/metrics":
                 return self._reply(404, b"not found\n", "text/plain")
             if shared.config.api_keys and match_key(shared.config.api_keys, token) is None:

@@ -7,7 +7,17 @@ import binascii
 from dataclasses import dataclass, replace
 
 import numpy as np
-from asr_spec.server.protocol import ECHO_FIELDS, MAX_HOTWORDS, AudioDecoder, ProtocolError, Start, echo, load_object
+from asr_spec.server.protocol import (
+    ECHO_FIELDS,
+    MAX_HOTWORDS,
+    MAX_NAME,
+    MAX_PROMPT,
+    AudioDecoder,
+    ProtocolError,
+    Start,
+    echo,
+    load_object,
+)
 
 from asr_spec.streaming.config import StreamConfig
 from asr_spec.streaming.policy import AlignAtt, CommitPolicy
@@ -145,8 +155,12 @@ def _number(obj: dict, name: str, path: str, default, low: float, high: float, i
     return value
 
 
-def _string(obj: dict, name: str, path: str, default, choices=None, nullable: bool = False):
+def _string(obj: dict, name: str, path: str, default, choices=None, nullable: bool = False, most: int = MAX_NAME):
+    """A string field (``most`` characters at most; a prompt's bound is MAX_PROMPT)."""
     value = obj.get(name, default)
+    if isinstance(value, str) and len(value) > most:
+        raise RealtimeError("string_above_max_length", f"{path}.{name} is {len(value)} characters long; at most "
+                            f"{most} are accepted", f"{path}.{name}")
     if (value is None and nullable) or (isinstance(value, str) and (choices is None or value in choices)):
         return value
     allowed = f"one of {', '.join(choices)}" if choices else "a string"
@@ -227,7 +241,7 @@ def parse_update(event: dict, current: Settings, languages: set[str] | None) -> 
         if language is not None and languages is not None and language not in languages:
             raise RealtimeError("invalid_value", f"unknown language {echo(language)}", f"{path}.language")
         new = replace(new, model=_string(tr, "model", path, new.model, nullable=True) or new.model, language=language,
-                      prompt=_string(tr, "prompt", path, new.prompt, nullable=True) or "",
+                      prompt=_string(tr, "prompt", path, new.prompt, nullable=True, most=MAX_PROMPT) or "",
                       keywords=_keywords(tr, path, new.keywords), languages=_languages(tr, path, new.languages, languages),
                       delay=_string(tr, "delay", path, new.delay, list(DELAYS), nullable=True))
     if "turn_detection" in audio_in:

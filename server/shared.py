@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from asr_spec.server.config import ServerConfig, match_key
+from asr_spec.server.config import ServerConfig, bearer_token, match_key
 from asr_spec.server.files import FileWorker
 from asr_spec.server.metrics import Metrics
 from starlette.requests import HTTPConnection
@@ -70,5 +70,4 @@ class Shared:
             return ""
         auths = conn.headers.getlist("authorization")
         auth = auths[0] if len(auths) == 1 else ""  # two Authorization headers: neither counts
-        token = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
-        return match_key(self.config.api_keys, token or conn.query_params.get("api_key", ""))
+        return match_key(self.config.api_keys, bearer_token(auth) or conn.query_params.get("api_key", ""))

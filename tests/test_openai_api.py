@@ -124,8 +124,50 @@ def test_bad_requests_get_openai_errors(client, server):
     with pytest.raises(openai.BadRequestError) as e:
         client.audio.transcriptions.create(model="whisper-1", file=("a.wav", audio), temperature=3)
     assert e.value.body["param"] == "temperature"
+    # free text is bounded where it enters: a prompt longer than Whisper could read, a megabyte one (never parsed
+    # whole), a model name of 100k characters
+    for field, value in (("prompt", "word " * 500), ("prompt", "word " * 200_000), ("model", "m" * 100_000)):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.audio.transcriptions.create(**{"model": "whisper-1", "file": ("a.wav", audio), field: value})
+        assert e.value.body["code"] == "string_above_max_length", (field, len(value), e.value.body)
+        assert len(e.value.body["message"]) < 300, e.value.body
     # the server goes on: a good request after the bad ones
     assert client.audio.transcriptions.create(model="whisper-1", file=("a.wav", audio)).text
+
+
+def test_a_client_that_disconnects_mid_upload_is_not_a_server_failure(server, caplog):
+    """A client that announces 5 MB, sends 2 KB and closes: logged as the client's doing (no traceback, nothing at
+    ERROR), counted as ``disconnected``, never as a 500; the server goes on."""
+    import socket
+    import time
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def uploads() -> dict:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+        text = conn.getresponse().read().decode()
+        (family,) = [f for f in text_string_to_metric_families(text) if f.name == "asr_spec_uploads"]
+        return {(x.labels["outcome"], x.labels["status"]): x.value for x in family.samples if x.name.endswith("_total")}
+
+    before = uploads()
+    with caplog.at_level("INFO", logger="asr_spec"):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
+                         + b"\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: 5000000\r\n\r\n"
+                         + b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n"
+                         + b"x" * 2048)
+        deadline = time.monotonic() + 30
+        while (after := uploads()).get(("disconnected", "499"), 0) <= before.get(("disconnected", "499"), 0):
+            assert time.monotonic() < deadline, f"the disconnect was never counted: {after}"
+            time.sleep(0.2)
+    assert after.get(("failed", "500"), 0) == before.get(("failed", "500"), 0), after
+    errors = [r for r in caplog.records if r.levelno >= 40 or r.exc_info]
+    assert not errors, [r.getMessage() for r in errors]
+    assert any("disconnected" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    with open(DEV / FILES[0], "rb") as f:
+        assert openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key=KEY, max_retries=0,
+                             timeout=120).audio.transcriptions.create(model="whisper-1", file=f).text
 
 
 def _post(port: int, body, headers: dict, chunked: bool = False) -> tuple[int, dict]:

@@ -148,6 +148,11 @@ def test_bad_events_get_errors_and_the_session_goes_on(server):
                  ('{"type": "session.update", "session": {"type": "transcription", "' + "k" * 100_000 + '": 1}}',
                   "unknown_parameter"),
                  ('{"type": "session.update"}', "missing_required_parameter"),
+                 # a megabyte prompt, or a model name of 100k characters: refused where they enter
+                 (json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+                     "transcription": {"prompt": "word " * 200_000}}}}}), "string_above_max_length"),
+                 (json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+                     "transcription": {"model": "m" * 100_000}}}}}), "string_above_max_length"),
                  ('{"type": "input_audio_buffer.commit", "event_id": {"a": 1}}', "invalid_type")]
         for text, code in cases:
             ws.send(text)

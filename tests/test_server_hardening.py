@@ -232,6 +232,19 @@ def test_metrics_needs_the_api_key_and_healthz_does_not(server):
     assert (status, body) == (200, b"ok\n"), f"/healthz without a key: {status} {body!r}"
 
 
+def test_the_bearer_scheme_name_is_case_insensitive(server):
+    """RFC 9110: ``bearer KEY`` and ``BEARER KEY`` are ``Bearer KEY``, on HTTP and on the WebSocket handshake."""
+    for scheme in ("bearer", "BEARER", "BeArEr"):
+        status, _, body = http_request(server, "GET", "/metrics", {"Authorization": f"{scheme} {KEY}"})
+        assert status == 200, f"Authorization: {scheme} KEY got {status} {body[:200]!r}"
+        with connect(f"ws://127.0.0.1:{server}/", additional_headers={"Authorization": f"{scheme} {KEY}"},
+                     open_timeout=10, close_timeout=5) as ws:
+            seen: list = []
+            start(ws, seen)
+            close(ws, seen)
+    assert http_request(server, "GET", "/metrics", {"Authorization": f"Basic {KEY}"})[0] == 401
+
+
 # --- secrets in logs -----------------------------------------------------------------------------------------
 def test_redact_hides_keys_in_urls_and_headers():
     assert redact(f"GET /?api_key={KEY}&x=1 HTTP/1.1") == "GET /?api_key=***&x=1 HTTP/1.1"
