@@ -38,10 +38,10 @@ class Word:
 def alignment_heads(model: Whisper) -> list[tuple[int, int]]:
     """(layer, head) pairs whose cross-attention follows the speech: the model's own list (generation config),
     else every head of the decoder's second half (openai/whisper's default)."""
-    heads = getattr(model.hf.generation_config, "alignment_heads", None)
+    heads = model.generation.get("alignment_heads")
     if heads:
         return [(int(layer), int(head)) for layer, head in heads]
-    cfg = model.hf.config
+    cfg = model.config
     return [(layer, head) for layer in range(cfg.decoder_layers // 2, cfg.decoder_layers)
             for head in range(cfg.decoder_attention_heads)]
 

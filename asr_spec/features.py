@@ -6,7 +6,6 @@ from functools import lru_cache
 
 import numpy as np
 import torch
-from transformers.audio_utils import mel_filter_bank
 
 from .audio import SAMPLE_RATE, Audio, Cursor, blocks_of
 
@@ -18,11 +17,31 @@ FRAMES_PER_SECOND = SAMPLE_RATE // HOP  # 100
 TOKEN_SECONDS = 0.02  # one timestamp step = 2 mel frames
 
 
+def _slaney_mel(hz: np.ndarray) -> np.ndarray:
+    """Hertz to Slaney's mel scale: linear (3 mels per 200 Hz) below 1 kHz, logarithmic above."""
+    hz = np.asarray(hz, dtype=np.float64)
+    return np.where(hz < 1000.0, 3.0 * hz / 200.0, 15.0 + np.log(np.maximum(hz, 1e-10) / 1000.0) * (27.0 / np.log(6.4)))
+
+
+def _slaney_hz(mel: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`_slaney_mel`."""
+    return np.where(mel < 15.0, 200.0 * mel / 3.0, 1000.0 * np.exp((mel - 15.0) * (np.log(6.4) / 27.0)))
+
+
+def mel_filters(n_mels: int) -> np.ndarray:
+    """Whisper's (librosa's) mel filter bank [n_mels, N_FFT / 2 + 1] in float64: ``n_mels`` triangles spaced evenly
+    on Slaney's mel scale from 0 Hz to Nyquist, each scaled to unit area (Slaney's normalisation)."""
+    edges = _slaney_hz(np.linspace(_slaney_mel(0.0), _slaney_mel(SAMPLE_RATE / 2), n_mels + 2))
+    bins = np.linspace(0, SAMPLE_RATE // 2, N_FFT // 2 + 1)
+    lower, centre, upper = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    rising = (bins[None] - lower) / (centre - lower)
+    falling = (upper - bins[None]) / (upper - centre)
+    return np.maximum(0.0, np.minimum(rising, falling)) * (2.0 / (upper - lower))
+
+
 @lru_cache(maxsize=4)
 def _filters(n_mels: int) -> torch.Tensor:
-    fb = mel_filter_bank(num_frequency_bins=N_FFT // 2 + 1, num_mel_filters=n_mels, min_frequency=0.0,
-                         max_frequency=SAMPLE_RATE / 2, sampling_rate=SAMPLE_RATE, norm="slaney", mel_scale="slaney")
-    return torch.from_numpy(fb.T.astype(np.float32))
+    return torch.from_numpy(mel_filters(n_mels).astype(np.float32))
 
 
 def log_mel(audio: np.ndarray, n_mels: int = 80, pad_samples: int = N_SAMPLES) -> torch.Tensor:

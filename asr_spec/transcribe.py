@@ -140,6 +140,7 @@ class Transcriber(Recognizer):
                 yield key, whole.transcript()
 
         running: _Running | None = None
+        exhausted = False  # every item read: a decode opened from here on needs room only for what is left
         decoded = float("inf")  # windows decoded since ``before_step`` last ran (it runs before the first step)
         try:
             while True:
@@ -153,6 +154,7 @@ class Transcriber(Recognizer):
                             active.append(f)
                         continue
                     if (item := next(source, None)) is None:
+                        exhausted = True
                         break
                     key, load = item
                     try:
@@ -174,7 +176,8 @@ class Transcriber(Recognizer):
                 if before_step is not None and decoded >= len(active):
                     before_step()
                     decoded = 0
-                running, moved = self._step(active, running, options, use_draft, batch_size)
+                room = min(batch_size, len(active) + len(queued)) if exhausted else batch_size
+                running, moved = self._step(active, running, options, use_draft, room)
                 decoded += len(moved)
                 for f in moved:
                     if f.done:

@@ -13,8 +13,8 @@ from asr_spec.server.config import ServerConfig, bearer_token, match_key
 from asr_spec.server.files import FileWorker
 from asr_spec.server.metrics import Metrics
 from starlette.requests import HTTPConnection
-from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
+from asr_spec.models.vocab import LANGUAGES
 from asr_spec.streaming.engine import Engine
 from asr_spec.streaming.events import Event
 

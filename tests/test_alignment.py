@@ -74,7 +74,7 @@ def test_windows_aligned_together_get_the_words_each_gets_alone(tiny_dir, comput
     from asr_spec.models.loader import load_target
 
     tiny_target = load_target(str(tiny_dir), compute_type=compute_type)
-    dim = tiny_target.hf.config.d_model
+    dim = tiny_target.config.d_model
     memories = [torch.randn(1, n, dim, generator=torch.Generator().manual_seed(s)) for n, s in ((20, 1), (14, 2), (20, 3))]
     enc = tiny_target.tokenizer.encode
     segments = [[enc(" and so my"), enc(" fellow Americans")], [enc(" ask not"), enc(" what your country can")],
@@ -103,7 +103,7 @@ def test_a_decode_records_the_cross_attention_of_every_token_it_chose(tiny_targe
     from asr_spec.recognizer import Recognizer
 
     rec, dec = Recognizer(tiny_target), tiny_target.decoder
-    memory = torch.randn(1, 40, tiny_target.hf.config.d_model, generator=torch.Generator().manual_seed(0))
+    memory = torch.randn(1, 40, tiny_target.config.d_model, generator=torch.Generator().manual_seed(0))
     prefix = tiny_target.tokenizer.encode(" and so")
     request = replace(rec.prompt([], "en", "transcribe", timestamps=False), prefix=prefix, sample_len=12)
     heads = ((0, 1), (1, 0))

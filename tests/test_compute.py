@@ -85,6 +85,31 @@ def test_float_layers_in_fixed_blocks_give_each_row_the_same_bits_in_any_company
     assert torch.allclose(in_blocks(x, w, CUDA_ROWS), x @ w.t(), atol=1e-4)
 
 
+def test_the_row_exact_way_is_measured_once_per_machine_and_kept_on_disk(tmp_path, monkeypatch):
+    """The first process on a machine measures a layer's row-exact way (random rows, up to 2000 of them: ~2.6 s of
+    whisper-base's first decode) and keeps it beside the models; later processes read it and measure nothing. A
+    way the file names that is not one of this type's ways is measured again."""
+    import json
+
+    from asr_spec.models import linear
+
+    monkeypatch.setenv("ASR_SPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(linear, "_CHOSEN", {})
+    name, _ = linear.exact_way(96, 64, torch.float32, torch.device("cpu"))
+    (kept,) = (tmp_path / "exact-ways").glob("*.json")
+    assert torch.__version__.replace("+", "_") in kept.name and name in json.loads(kept.read_text())["ways"].values()
+    monkeypatch.setattr(linear, "_CHOSEN", {})  # a new process
+    monkeypatch.setattr(linear, "row_exact", lambda *a, **k: pytest.fail("measured again"))
+    assert linear.exact_way(96, 64, torch.float32, torch.device("cpu"))[0] == name
+    layer = next(iter(json.loads(kept.read_text())["ways"]))
+    kept.write_text(json.dumps({"ways": {layer: "no such way"}}))
+    monkeypatch.setattr(linear, "_CHOSEN", {})
+    measured = []
+    monkeypatch.setattr(linear, "row_exact", lambda *a, **k: measured.append(1) or True)
+    assert linear.exact_way(96, 64, torch.float32, torch.device("cpu"))[0] == linear.WAYS[torch.float32][0][0]
+    assert measured
+
+
 @needs_int8
 @pytest.mark.parametrize("kernel", ["fbgemm", "int_mm"])
 def test_an_int8_target_layer_gives_each_row_the_same_bits_in_any_company(kernel):

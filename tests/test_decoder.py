@@ -21,8 +21,10 @@ def _memory(batch: int, width: int = 32, seed: int = 0) -> torch.Tensor:
     return torch.randn(batch, 20, width, generator=torch.Generator().manual_seed(seed))
 
 
-def test_static_decoder_matches_transformers_on_a_ragged_batch(tiny_target):
-    hf, dec = tiny_target.hf, tiny_target.decoder
+def test_static_decoder_matches_transformers_on_a_ragged_batch(tiny_target, tiny_dir):
+    from transformers import WhisperForConditionalGeneration
+
+    hf, dec = WhisperForConditionalGeneration.from_pretrained(tiny_dir).eval(), tiny_target.decoder
     mem = _memory(3)
     seqs = [[50258, 50259, 50359, 50363, 11, 12, 13], [50258, 50259, 50359, 50363, 40], [50258, 50259, 50359]]
     cache = dec.new_cache(mem, 16)
@@ -52,9 +54,9 @@ def test_rollback_is_just_a_position(tiny_target):
 
 
 def test_reduced_head_gives_minus_inf_outside_the_shortlist(tiny_target):
-    hf = tiny_target.hf
+    net = tiny_target.net
     ids = torch.tensor([5, 50, 220, 50257])
-    dec = StaticDecoder(hf.model.decoder, hf.proj_out.weight[ids], head_ids=ids)
+    dec = StaticDecoder(net.model.decoder, net.proj_out.weight[ids], head_ids=ids)
     full = tiny_target.decoder
     mem = _memory(1)
     tok, pos = torch.tensor([[50258, 50259]]), torch.arange(2)[None]

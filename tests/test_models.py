@@ -130,12 +130,15 @@ def test_ct2_reader_reads_the_embedded_checkpoint_and_rejects_truncation(tmp_pat
         read_model_bin([cut])
 
 
-def test_any_length_encoder_equals_transformers_on_full_windows_and_takes_short_ones(tiny_target):
-    """Our encoder forward is transformers' on 30 s windows (bit for bit) and accepts shorter inputs, whose
-    output is the full window's computation with the positional embeddings sliced."""
+def test_any_length_encoder_equals_transformers_on_full_windows_and_takes_short_ones(tiny_target, tiny_dir):
+    """Our encoder (models/network.py, no transformers) is transformers' on 30 s windows (bit for bit) and accepts
+    shorter inputs, whose output is the full window's computation with the positional embeddings sliced."""
+    from transformers import WhisperForConditionalGeneration
+
+    hf = WhisperForConditionalGeneration.from_pretrained(tiny_dir).eval()
     mel = torch.randn(2, 80, 3000, generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
-        ref = tiny_target.hf.model.encoder(mel).last_hidden_state
+        ref = hf.model.encoder(mel).last_hidden_state
         assert torch.equal(tiny_target.encode(mel), ref)
         short = tiny_target.encode(mel[:, :, :400])
     assert short.shape == (2, 200, ref.shape[-1])

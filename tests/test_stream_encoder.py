@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from asr_spec.features import log_mel, window
-from asr_spec.models.loader import encoder_forward
 from asr_spec.models.stream_encoder import EncoderCache, encode_tail, first_frame
 from asr_spec.recognizer import Recognizer
 from asr_spec.streaming.encoding import BufferEncoder
@@ -20,7 +19,7 @@ def _audio(seconds: float, seed: int = 0) -> np.ndarray:
 def test_with_nothing_frozen_it_is_the_encoder(tiny_target):
     mel = window(log_mel(_audio(3)), 0, 400)[None]
     encoder = tiny_target.encoder.inner
-    assert torch.equal(encode_tail(encoder, mel, EncoderCache(), freeze=0), encoder_forward(encoder, mel).last_hidden_state)
+    assert torch.equal(encode_tail(encoder, mel, EncoderCache(), freeze=0), encoder(mel))
 
 
 def test_frozen_positions_keep_their_states_and_the_rest_attends_to_them(tiny_target):
@@ -35,7 +34,7 @@ def test_frozen_positions_keep_their_states_and_the_rest_attends_to_them(tiny_ta
     assert again.shape[1] == 300 and cache.frozen == 250
     assert torch.equal(again[:, :150], first[:, :150])  # frozen: not recomputed
     assert not torch.allclose(again[:, 150:200], first[:, 150:200])  # re-encoded: they now hear what followed
-    whole = encoder_forward(encoder, mel).last_hidden_state
+    whole = encoder(mel)
     assert not torch.allclose(again, whole)  # the frozen positions never heard the last 2 s (the trade)
     cache.truncate(100)
     assert cache.frozen == 100 and cache.keys[0].shape[2] == 100

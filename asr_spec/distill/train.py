@@ -179,7 +179,7 @@ def held_aside_acceptance(model, head: torch.Tensor, batcher: Batcher, held: lis
     with torch.no_grad():
         for i in range(0, len(held), 16):
             x, y, _, _, mem = batcher(held[i:i + 16])
-            h = model.model.decoder(input_ids=x, encoder_hidden_states=mem, use_cache=False).last_hidden_state
+            h = model.model.decoder(x, mem)
             pred = (h @ head.T).argmax(-1)
             labelled = torch.zeros_like(y, dtype=torch.bool)
             for j, ex in enumerate(held[i:i + 16]):
@@ -193,7 +193,7 @@ def distill(o: DistillOptions) -> dict:
     torch.manual_seed(o.seed)
     rng = random.Random(o.seed)
     target = load_target(o.target)
-    for p in target.hf.parameters():
+    for p in target.net.parameters():
         p.requires_grad_(False)
     t0 = time.perf_counter()
     # labels at the compute type the draft will serve (the draft learns that target's tokens)
@@ -203,8 +203,8 @@ def distill(o: DistillOptions) -> dict:
     train = [e for e in examples if e not in held]
     if not train or not held:
         raise RuntimeError(f"too little data: {len(examples)} labelled examples")
-    n_layers = target.hf.config.decoder_layers
-    src = target.hf.model.decoder
+    n_layers = target.config.decoder_layers
+    src = target.net.model.decoder
     if o.init is not None:  # fine-tune a draft: its layers, output layer and shortlist
         meta = json.loads((o.init / DRAFT_META).read_text())
         saved = {k: v.float() for k, v in load_file(str(o.init / "draft.safetensors")).items()}
@@ -268,7 +268,7 @@ def distill(o: DistillOptions) -> dict:
         for g in opt.param_groups:
             g["lr"] = lr
         x, y, top_rows, top_lp, mem = batcher(rng.sample(train, min(o.batch, len(train))))
-        h = dec(input_ids=x, encoder_hidden_states=mem, use_cache=False).last_hidden_state
+        h = dec(x, mem)
         kl, ce = losses(h @ head.T, y, top_rows, top_lp)
         loss = kl + o.ce_weight * ce
         opt.zero_grad(set_to_none=True)

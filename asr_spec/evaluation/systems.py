@@ -159,13 +159,22 @@ def _each(one: Callable[[np.ndarray], Output]) -> Transcribe:
 
 def _hf(spec: SystemSpec, setup: Setup) -> Transcribe:
     import torch
-    from transformers import WhisperFeatureExtractor
+    from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForCausalLM, WhisperForConditionalGeneration
 
     from ..models.loader import load_draft, load_target
     from ..models.sources import resolve
 
     target = load_target(setup.model, setup.device)
-    assistant = load_draft(setup.draft, target).hf if spec.kind == "hf-assisted" else None
+    model = WhisperForConditionalGeneration.from_pretrained(resolve(setup.model)).to(setup.device).eval()
+    assistant = None
+    if spec.kind == "hf-assisted":  # our draft's network as transformers' decoder-only Whisper
+        net = load_draft(setup.draft, target).net
+        if net.has_encoder:  # a full smaller Whisper
+            assistant = WhisperForConditionalGeneration.from_pretrained(resolve(setup.draft)).to(setup.device).eval()
+    if spec.kind == "hf-assisted" and assistant is None:
+        assistant = WhisperForCausalLM(WhisperConfig(**net.config.to_dict())).to(setup.device).eval()
+        assistant.load_state_dict(net.state_dict(), strict=False)
+        assistant.proj_out.weight = torch.nn.Parameter(net.proj_out.weight.detach().clone(), requires_grad=False)
     fe = WhisperFeatureExtractor.from_pretrained(resolve(setup.model))
 
     def run(audio: np.ndarray) -> Output:
@@ -178,7 +187,7 @@ def _hf(spec: SystemSpec, setup: Setup) -> Transcribe:
         if assistant is not None:
             kwargs["assistant_model"] = assistant
         with torch.inference_mode():
-            ids = target.hf.generate(feats.input_features, language=setup.language, task="transcribe",
+            ids = model.generate(feats.input_features, language=setup.language, task="transcribe",
                                      return_timestamps=True, **kwargs)  # timestamp mode, as ours decodes
         text = target.tokenizer.decode(ids[0].tolist()).strip()
         return Output(text, time.perf_counter() - t0)

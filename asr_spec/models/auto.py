@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import statistics
 import sys
@@ -36,17 +35,6 @@ def native_types(device: str | torch.device = "cpu") -> list[str]:
     else:
         floats = ["float32"] + (["bfloat16"] if native_bfloat16(device) or amx(device) else [])
     return floats + ([f"int8_{f}" for f in floats] if int8_kernels(device) else [])
-
-
-def machine(device: str | torch.device = "cpu") -> str:
-    """The processor a measurement holds for: the GPU's name, or the CPU's model name, with torch's threads."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    info = Path("/proc/cpuinfo")
-    name = next((line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
-                 if line.startswith("model name")), None) if info.exists() else None
-    return f"{name or platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
 
 
 @torch.inference_mode()

@@ -5,6 +5,7 @@ the target decoder and the draft's floats. Speculative output equals target-only
 from __future__ import annotations
 
 import os
+import platform
 from dataclasses import dataclass
 from typing import Callable
 
@@ -37,6 +38,18 @@ def cpu_flags(cpuinfo: str = CPUINFO) -> set[str]:
         return set()
     with open(cpuinfo) as f:
         return set(next((line for line in f if line.startswith("flags")), "").split(":", 1)[-1].split())
+
+
+def machine(device: str | torch.device = "cpu") -> str:
+    """The processor a measurement holds for: the GPU's name, or the CPU's model name, with torch's threads."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    name = None
+    if os.path.exists(CPUINFO):
+        with open(CPUINFO) as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    return f"{name or platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
 
 
 def native_bfloat16(device: str | torch.device = "cpu", cpuinfo: str = CPUINFO) -> bool:

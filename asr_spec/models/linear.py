@@ -19,7 +19,11 @@ integers.
 """
 from __future__ import annotations
 
+import json
+import os
+import re
 import warnings
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -79,16 +83,52 @@ def row_exact(way: Way, out: int, inp: int, dtype: torch.dtype, device: torch.de
 
 
 def exact_way(out: int, inp: int, dtype: torch.dtype, device: torch.device, wide: bool = False) -> tuple[str, Way]:
-    """The fastest row-exact way for a layer of that shape here (measured once per shape, type and thread count).
+    """The fastest row-exact way for a layer of that shape here, measured once per machine (CPU model, torch version,
+    shape, type and thread count) and kept on disk (:func:`measured_ways`): later processes measure nothing.
     ``wide``: for calls of hundreds of rows and more (encoder outputs)."""
     if device.type == "cuda":
         return f"blocks of {CUDA_ROWS}", lambda x, w: in_blocks(x, w, CUDA_ROWS)
     key = (out, inp, dtype, device.type, torch.get_num_threads(), wide)
     if key not in _CHOSEN:
-        counts = WIDE_ROWS if wide else tuple(m for m in PROBE_ROWS if out <= 8 * inp or m <= HEAD_ROWS)
         ways = WIDE_WAYS if wide else WAYS[dtype]
-        _CHOSEN[key] = next((w for w in ways if row_exact(w[1], out, inp, dtype, device, counts)), ways[-1])
+        kept = measured_ways()
+        name = f"{out}x{inp} {str(dtype).removeprefix('torch.')} {torch.get_num_threads()} threads{' wide' * wide}"
+        way = next((w for w in ways if w[0] == kept.get(name)), None)
+        if way is None:
+            counts = WIDE_ROWS if wide else tuple(m for m in PROBE_ROWS if out <= 8 * inp or m <= HEAD_ROWS)
+            way = next((w for w in ways if row_exact(w[1], out, inp, dtype, device, counts)), ways[-1])
+            keep_way(name, way[0])
+        _CHOSEN[key] = way
     return _CHOSEN[key]
+
+
+def _ways_file() -> Path:
+    from .compute import machine
+    from .sources import cache_dir
+
+    cpu = machine("cpu").rsplit(",", 1)[0]  # the thread count is part of each entry's name
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{cpu} torch {torch.__version__}").strip("_")[:150]
+    return cache_dir() / "exact-ways" / f"{slug}.json"
+
+
+def measured_ways() -> dict[str, str]:
+    """The ways measured row-exact on this CPU with this torch (layer -> way), from the cache directory."""
+    try:
+        return json.loads(_ways_file().read_text())["ways"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def keep_way(name: str, way: str) -> None:
+    """Add one measured way to this machine's file (atomically; a lost race only means measuring again)."""
+    path = _ways_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"ways": {**measured_ways(), name: way}}, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache: measured again by the next process
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, wide: bool = False

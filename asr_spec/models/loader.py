@@ -1,45 +1,47 @@
 """One model loader: a target from any source (models/sources.py: the embedded default, a transformers Whisper id or a
-local directory) at a compute type, and the drafts that go with it."""
+local directory) at a compute type, and the drafts that go with it. The networks are our own plain-torch modules
+(models/network.py) read from transformers' directory format."""
 from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditionalGeneration
-from transformers.utils import logging as hf_logging
 
 from . import EMBEDDED, auto
-from .compute import Precision, resolve_compute_type
+from .compute import Precision, machine, resolve_compute_type
 from .kv_decoder import StaticDecoder
 from .linear import quantize_linears
+from .network import Config, DecoderLayer, Network, load_network
 from .sources import ModelError, cache_dir, generation_config, is_embedded, resolve
 from .vocab import WhisperTokenizer
 
 DRAFT_META = "asr_spec_draft.json"
-hf_logging.disable_progress_bar()
 
 
 @dataclass
 class Whisper:
-    """A target model: transformers weights, our static-cache decoder, tokenizer and special ids."""
+    """A target model: its network, our static-cache decoder, tokenizer and special ids."""
 
-    hf: WhisperForConditionalGeneration
+    net: Network
     tokenizer: WhisperTokenizer
     decoder: StaticDecoder
     encoder: nn.Module
     name: str
     precision: Precision = Precision("float32", torch.float32, False)
+    generation: dict = field(default_factory=dict)  # generation_config.json (alignment heads, suppress lists)
+
+    @property
+    def config(self) -> Config:
+        return self.net.config
 
     @property
     def n_mels(self) -> int:
-        return self.hf.config.num_mel_bins
+        return self.config.num_mel_bins
 
     @property
     def vocab(self):
@@ -47,35 +49,22 @@ class Whisper:
 
     @torch.inference_mode()
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
-        """Encoder output [B, frames / 2, D] for log-mel [B, n_mels, frames]; see :func:`encoder_forward`."""
-        return self.encoder(mel.to(self.decoder.device)).last_hidden_state
-
-
-def encoder_forward(encoder: nn.Module, mel: torch.Tensor) -> SimpleNamespace:
-    """transformers' ``WhisperEncoder`` forward (inference) for any even number of mel frames up to 3000:
-    the positional embeddings are sliced to the input's length instead of requiring a padded 30 s window.
-    With 3000 frames it computes exactly what transformers does; with fewer, encoder work shrinks with the
-    audio (whisper.cpp's ``audio_ctx``), which changes the text a little (README: ``--encoder-window``)."""
-    x = F.gelu(encoder.conv1(mel))
-    x = F.gelu(encoder.conv2(x)).permute(0, 2, 1)
-    x = x + encoder.embed_positions.weight[: x.shape[1]]
-    for layer in encoder.layers:
-        x = layer(x, None)
-    return SimpleNamespace(last_hidden_state=encoder.layer_norm(x))
+        """Encoder output [B, frames / 2, D] for log-mel [B, n_mels, frames] (``network.Encoder.forward``)."""
+        return self.encoder(mel.to(self.decoder.device))
 
 
 class AnyLengthEncoder(nn.Module):
-    """A Whisper encoder that accepts any even number of frames (see :func:`encoder_forward`), computing in its
-    weights' float type (with ``int8``: a copy whose linear layers run with int8 weights and per-row int8
-    activations) and returning float32."""
+    """A Whisper encoder (any even number of frames, see ``network.Encoder.forward``) computing in its weights' float
+    type (with ``int8``: a copy whose linear layers run with int8 weights and per-row int8 activations) and returning
+    float32."""
 
     def __init__(self, encoder: nn.Module, int8: bool = False):
         super().__init__()
         self.inner = quantize_linears(copy.deepcopy(encoder)) if int8 else encoder
         self.dtype = encoder.conv1.weight.dtype
 
-    def forward(self, mel: torch.Tensor) -> SimpleNamespace:
-        return SimpleNamespace(last_hidden_state=encoder_forward(self.inner, mel.to(self.dtype)).last_hidden_state.float())
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        return self.inner(mel.to(self.dtype)).float()
 
 
 @dataclass
@@ -85,13 +74,13 @@ class Draft:
     decoder: StaticDecoder
     encoder: nn.Module | None
     name: str
-    hf: nn.Module  # the transformers model (WhisperForCausalLM or a full Whisper), for peers such as HF assisted generation
+    net: Network  # its network (a decoder alone, or a full smaller Whisper), for peers such as assisted generation
 
     @torch.inference_mode()
     def encoder_out(self, mel: torch.Tensor, target_out: torch.Tensor) -> torch.Tensor:
         if self.encoder is None:
             return target_out
-        return self.encoder(mel.to(self.decoder.device)).last_hidden_state
+        return self.encoder(mel.to(self.decoder.device))
 
     def alone(self, target: Whisper) -> Whisper:
         """The draft decoding by itself (with the target's tokenizer and, if it has none, encoder)."""
@@ -112,43 +101,46 @@ def load_target(spec: str = EMBEDDED, device: str = "cpu", compute_type: str | P
     p = compute_type if isinstance(compute_type, Precision) else \
         ModelOptions(spec, None, device, compute_type).precision()
     try:
-        hf = WhisperForConditionalGeneration.from_pretrained(path, dtype=p.float).to(device).eval()
+        net = load_network(path, p.float, device)
     except Exception as e:  # noqa: BLE001
-        raise ModelError(f"{spec}: not a Whisper model ({e})") from None
+        raise ModelError(f"{spec}: not a Whisper model ({type(e).__name__}: {e})") from None
+    if not net.has_encoder:
+        raise ModelError(f"{spec}: a decoder alone (a draft), not a whole Whisper")
     if not (path / "tokenizer.json").exists():
         raise ModelError(f"{spec}: no tokenizer.json beside the model")
-    tokenizer = WhisperTokenizer.from_dir(path, generation_config(path), hf.config.vocab_size)
+    generation = generation_config(path)
+    tokenizer = WhisperTokenizer.from_dir(path, generation, net.config.vocab_size)
     name = str(spec) if p.name == "float32" and compute_type != "auto" else \
         f"{spec} ({p.name}{', auto' if compute_type == 'auto' else ''})"
-    return Whisper(hf, tokenizer, StaticDecoder(hf.model.decoder, hf.proj_out.weight, int8="rows" if p.int8 else None,
-                                                    exact=True),
-                   AnyLengthEncoder(hf.model.encoder, p.int8), name, p)
+    return Whisper(net, tokenizer, StaticDecoder(net.model.decoder, net.proj_out.weight, int8="rows" if p.int8 else None,
+                                                 exact=True),
+                   AnyLengthEncoder(net.model.encoder, p.int8), name, p, generation)
 
 
-def truncated_draft(target: Whisper, layers: list[int]) -> WhisperForCausalLM:
+def truncated_draft(target: Whisper, layers: list[int]) -> Network:
     """An (untrained) draft made of some of the target's decoder layers, in the distil-Whisper layout."""
-    n = target.hf.config.decoder_layers
+    n = target.config.decoder_layers
     if not layers or any(not 0 <= i < n for i in layers):
         raise ModelError(f"draft layers {layers}: the target decoder has layers 0..{n - 1}")
     draft = distilled_decoder(target, len(layers))
-    src, dst = target.hf.model.decoder, draft.model.decoder
+    src, dst = target.net.model.decoder, draft.model.decoder
     dst.layer_norm.load_state_dict(src.layer_norm.state_dict())
     for j, i in enumerate(layers):
         dst.layers[j].load_state_dict(src.layers[i].state_dict())
-    return draft.to(target.hf.dtype).eval()
+    return draft.to(target.net.dtype).eval()
 
 
 def _check(target: Whisper, name: str, vocab_size: int, tokenizer_dir: Path | None, width: int | None,
            n_mels: int | None) -> None:
     problems = []
-    if vocab_size != target.hf.config.vocab_size:
-        problems.append(f"vocabulary size {vocab_size} != target's {target.hf.config.vocab_size}")
+    if vocab_size != target.config.vocab_size:
+        problems.append(f"vocabulary size {vocab_size} != target's {target.config.vocab_size}")
     if tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").exists():
         theirs = WhisperTokenizer.from_dir(tokenizer_dir, generation_config(tokenizer_dir), vocab_size)
         if theirs.tokenizer.get_vocab(with_added_tokens=True) != target.tokenizer.tokenizer.get_vocab(with_added_tokens=True):
             problems.append("tokenizer differs from the target's")
-    if width is not None and width != target.hf.config.d_model:
-        problems.append(f"cross-attention input width (d_model) {width} != target encoder's {target.hf.config.d_model}")
+    if width is not None and width != target.config.d_model:
+        problems.append(f"cross-attention input width (d_model) {width} != target encoder's {target.config.d_model}")
     if n_mels is not None and n_mels != target.n_mels:
         problems.append(f"mel bins {n_mels} != target's {target.n_mels}")
     if problems:
@@ -197,7 +189,7 @@ class ModelOptions:
             d = load_draft(draft, target) if draft else None
             return auto.window_seconds(target.encode, target.n_mels, target.decoder, d.decoder if d else None)
 
-        key = f"{Path(self.model).resolve() if Path(self.model).is_dir() else self.model} on {auto.machine(self.device)}"
+        key = f"{Path(self.model).resolve() if Path(self.model).is_dir() else self.model} on {machine(self.device)}"
         return auto.measured_type(key, auto.native_types(self.device), measure, cache_dir())
 
 
@@ -218,7 +210,7 @@ def load_draft(spec: str, target: Whisper, int8: bool | None = None) -> Draft:
     changes only how often it is accepted, never the text."""
     from .compute import int8_kernels
 
-    device, dtype = target.decoder.device, target.hf.dtype
+    device, dtype = target.decoder.device, target.net.dtype
     if int8 is None:
         int8 = device.type == "cpu" and int8_kernels(device)
     quant = "tensor" if int8 else None
@@ -226,25 +218,25 @@ def load_draft(spec: str, target: Whisper, int8: bool | None = None) -> Draft:
     # anyway, and bfloat16 attention over one query takes a slow path (draft step at int8_bfloat16: 0.92 ms in
     # bfloat16, 0.62 in float32; AMD EPYC, 2 threads)
     compute = torch.float32 if int8 and device.type == "cpu" else dtype
-    decoder = lambda hf, head, ids=None: StaticDecoder(hf, head, ids, int8=quant, dtype=compute)  # noqa: E731
+    decoder = lambda net, head, ids=None: StaticDecoder(net, head, ids, int8=quant, dtype=compute)  # noqa: E731
     if spec.startswith("layers:"):
         layers = [int(i) for i in spec.split(":", 1)[1].split(",") if i.strip()]
-        hf = truncated_draft(target, layers)
-        return Draft(decoder(hf.model.decoder, hf.proj_out.weight), None, spec, hf)
+        net = truncated_draft(target, layers)
+        return Draft(decoder(net.model.decoder, net.proj_out.weight), None, spec, net)
     path = resolve(spec)
     if (path / DRAFT_META).exists():
         return load_distilled(path, target, decoder)
-    config = WhisperConfig.from_pretrained(path)
-    arch = (config.architectures or ["WhisperForConditionalGeneration"])[0]
-    if arch == "WhisperForCausalLM":
-        hf = WhisperForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-        width = hf.model.decoder.layers[0].encoder_attn.k_proj.in_features
-        _check(target, spec, config.vocab_size, path, width, None)
-        return Draft(decoder(hf.model.decoder, hf.proj_out.weight), None, spec, hf)
-    hf = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
+    try:
+        net = load_network(path, dtype, device)
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"draft {spec}: not a Whisper model ({type(e).__name__}: {e})") from None
+    config = net.config
+    if not net.has_encoder:  # a decoder alone (distil-Whisper's WhisperForCausalLM): reads the target's encoder
+        _check(target, spec, config.vocab_size, path, config.d_model, None)
+        return Draft(decoder(net.model.decoder, net.proj_out.weight), None, spec, net)
     _check(target, spec, config.vocab_size, path, None, config.num_mel_bins)
-    return Draft(decoder(hf.model.decoder, hf.proj_out.weight),
-                 AnyLengthEncoder(hf.model.encoder, target.precision.int8), spec, hf)
+    return Draft(decoder(net.model.decoder, net.proj_out.weight),
+                 AnyLengthEncoder(net.model.encoder, target.precision.int8), spec, net)
 
 
 def save_distilled(path: Path, decoder: nn.Module, head: torch.Tensor, head_ids: list[int] | None, meta: dict) -> None:
@@ -261,15 +253,19 @@ def save_distilled(path: Path, decoder: nn.Module, head: torch.Tensor, head_ids:
     (path / DRAFT_META).write_text(json.dumps(doc, indent=1))
 
 
-def distilled_decoder(target: Whisper, layers: int) -> WhisperForCausalLM:
-    """A draft module in the target's shape with ``layers`` decoder layers, sharing the target's embeddings."""
-    cfg = WhisperConfig(**{**target.hf.config.to_dict(), "decoder_layers": layers})
-    draft = WhisperForCausalLM(cfg).to(target.decoder.device)
-    src, dst = target.hf.model.decoder, draft.model.decoder
+def distilled_decoder(target: Whisper, layers: int) -> Network:
+    """A draft network in the target's shape with ``layers`` decoder layers, sharing the target's embeddings. Its
+    layers and final norm are new (the caller loads them)."""
+    config = target.config.with_decoder_layers(layers)
+    draft = Network(config, encoder=False, device="meta")
+    src, dst = target.net.model.decoder, draft.model.decoder
     dst.embed_tokens = src.embed_tokens
     dst.embed_positions = src.embed_positions
     draft.proj_out.weight = src.embed_tokens.weight
-    return draft
+    device = target.decoder.device
+    dst.layers = nn.ModuleList(DecoderLayer(config, device) for _ in range(layers))
+    dst.layer_norm = nn.LayerNorm(config.d_model, device=device)
+    return draft.to(src.embed_tokens.weight.dtype)
 
 
 def load_distilled(path: Path, target: Whisper,
@@ -282,17 +278,17 @@ def load_distilled(path: Path, target: Whisper,
         raise ModelError(f"{path}: unknown draft format {meta.get('format')!r}")
     tensors = load_file(str(path / "draft.safetensors"), device=str(target.decoder.device))
     head = tensors.pop("head.weight")
-    vocab = meta.get("vocab_size", target.hf.config.vocab_size)
+    vocab = meta.get("vocab_size", target.config.vocab_size)
     _check(target, str(path), vocab, None, head.shape[1], None)
     draft = distilled_decoder(target, meta["decoder_layers"])
     dec = draft.model.decoder
     dec.layers.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("layers.")})
     dec.layer_norm.load_state_dict({k[11:]: v for k, v in tensors.items() if k.startswith("layer_norm.")})
-    draft = draft.to(target.hf.dtype).eval()  # stored in fp16, run in the target's precision
+    draft = draft.to(target.net.dtype).eval().requires_grad_(False)  # stored in fp16, run in the target's precision
     ids = meta.get("head_ids")
     head_ids = torch.tensor(ids, device=target.decoder.device) if ids else None
-    head = head.to(target.hf.dtype)
-    # the transformers view (for peers such as assisted generation) gets the trained rows in a full-vocabulary
+    head = head.to(target.net.dtype)
+    # the whole-vocabulary view (for peers such as assisted generation) gets the trained rows in a full-vocabulary
     # output layer; rows outside the shortlist are zero (logit 0) since a linear layer cannot say -inf
     full = head if head_ids is None else head.new_zeros(vocab, head.shape[1]).index_copy_(0, head_ids, head)
     draft.proj_out.weight = nn.Parameter(full, requires_grad=False)

@@ -33,8 +33,8 @@ def _package_data(package: str) -> Path:
 def convert_ct2(parts: list[Path], meta_dir: Path, out: Path) -> Path:
     """Convert a CTranslate2 Whisper checkpoint to a transformers directory at ``out`` (atomically)."""
     from tokenizers import Tokenizer
-    from transformers import WhisperConfig, WhisperForConditionalGeneration
 
+    from .network import Config, Network, save_network
     from .vocab import add_timestamp_tokens
 
     state, cfg = ct2_state_dict(read_model_bin(parts))
@@ -44,16 +44,16 @@ def convert_ct2(parts: list[Path], meta_dir: Path, out: Path) -> Path:
     gen = {"suppress_tokens": ct2_cfg.get("suppress_ids", []),
            "begin_suppress_tokens": ct2_cfg.get("suppress_ids_begin", [])}
     vocab = vocab_from(tokenizer, gen, cfg["vocab_size"])
-    config = WhisperConfig(**cfg, decoder_start_token_id=vocab.sot, eos_token_id=vocab.eot,
-                           pad_token_id=vocab.eot, bos_token_id=vocab.eot,
-                           suppress_tokens=list(vocab.suppress), begin_suppress_tokens=list(vocab.suppress_begin))
-    model = WhisperForConditionalGeneration(config)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or [m for m in missing if m != "proj_out.weight"]:
-        raise ModelError(f"CTranslate2 conversion mismatch: missing {missing}, unexpected {unexpected}")
-    model.tie_weights()
+    config = Config.from_dict({**cfg, "decoder_start_token_id": vocab.sot, "eos_token_id": vocab.eot,
+                               "pad_token_id": vocab.eot, "bos_token_id": vocab.eot,
+                               "suppress_tokens": list(vocab.suppress),
+                               "begin_suppress_tokens": list(vocab.suppress_begin)})
+    expected = set(Network(config, device="meta").state_dict())
+    if set(state) != expected:
+        raise ModelError(f"CTranslate2 conversion mismatch: missing {sorted(expected - set(state))[:5]}, unexpected "
+                         f"{sorted(set(state) - expected)[:5]}")
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
+    save_network(config, {k: v.float() for k, v in state.items()}, tmp)
     (tmp / "tokenizer.json").write_text(json.dumps(tok_json, ensure_ascii=False))
     (tmp / "generation_config.json").write_text(
         json.dumps(generation_config_for(vocab, ct2_cfg.get("alignment_heads")), indent=1))

@@ -10,7 +10,7 @@ it grows costs the whole buffer at every step. Here the positions of a buffer ar
 So a step costs the tail, not the buffer. The frozen positions were encoded hearing only ``lookahead`` of what
 followed them, which changes what the decoder reads a little (its streaming WER: README, "what changes the text"). Positions
 are counted from the buffer's start: a buffer trimmed at its start is encoded afresh (:meth:`EncoderCache.truncate` to 0).
-With nothing frozen, a step computes exactly what :func:`~asr_spec.models.loader.encoder_forward` does.
+With nothing frozen, a step computes exactly what :meth:`~asr_spec.models.network.Encoder.forward` does.
 """
 from __future__ import annotations
 
@@ -73,8 +73,8 @@ def encode_tails(encoder: nn.Module, tails: list[Tail]) -> list[torch.Tensor]:
     The buffers' new positions go through each linear layer together (one call per layer for all of them); each
     buffer attends over its own frozen and new positions alone, and its convolutions read its own frames. So a
     buffer's numbers are those it gets encoded alone wherever the linear layers are row-exact (int8 ones: one scale
-    per row; bfloat16 on the CPUs measured), else within the float's rounding. ``encoder``: a transformers
-    ``WhisperEncoder`` (its linear layers may be int8 ones)."""
+    per row; bfloat16 on the CPUs measured), else within the float's rounding. ``encoder``: a
+    ``network.Encoder`` (its linear layers may be int8 ones)."""
     dtype = encoder.conv1.weight.dtype
     xs, spans, masks = [], [], []
     for t in tails:

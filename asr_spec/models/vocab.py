@@ -10,6 +10,25 @@ from tokenizers import Tokenizer
 
 _LANGUAGE = re.compile(r"^<\|([a-z]{2,3}|haw|yue)\|>$")
 N_TIMESTAMPS = 1501  # <|0.00|> ... <|30.00|>
+# Whisper's languages: code -> English name (openai/whisper's tokenizer.py; the names OpenAI's API reports)
+LANGUAGES = {
+    "en": "english", "zh": "chinese", "de": "german", "es": "spanish", "ru": "russian", "ko": "korean", "fr":
+    "french", "ja": "japanese", "pt": "portuguese", "tr": "turkish", "pl": "polish", "ca": "catalan", "nl": "dutch",
+    "ar": "arabic", "sv": "swedish", "it": "italian", "id": "indonesian", "hi": "hindi", "fi": "finnish", "vi":
+    "vietnamese", "he": "hebrew", "uk": "ukrainian", "el": "greek", "ms": "malay", "cs": "czech", "ro": "romanian",
+    "da": "danish", "hu": "hungarian", "ta": "tamil", "no": "norwegian", "th": "thai", "ur": "urdu", "hr": "croatian",
+    "bg": "bulgarian", "lt": "lithuanian", "la": "latin", "mi": "maori", "ml": "malayalam", "cy": "welsh", "sk":
+    "slovak", "te": "telugu", "fa": "persian", "lv": "latvian", "bn": "bengali", "sr": "serbian", "az": "azerbaijani",
+    "sl": "slovenian", "kn": "kannada", "et": "estonian", "mk": "macedonian", "br": "breton", "eu": "basque", "is":
+    "icelandic", "hy": "armenian", "ne": "nepali", "mn": "mongolian", "bs": "bosnian", "kk": "kazakh", "sq":
+    "albanian", "sw": "swahili", "gl": "galician", "mr": "marathi", "pa": "punjabi", "si": "sinhala", "km": "khmer",
+    "sn": "shona", "yo": "yoruba", "so": "somali", "af": "afrikaans", "oc": "occitan", "ka": "georgian", "be":
+    "belarusian", "tg": "tajik", "sd": "sindhi", "gu": "gujarati", "am": "amharic", "yi": "yiddish", "lo": "lao",
+    "uz": "uzbek", "fo": "faroese", "ht": "haitian creole", "ps": "pashto", "tk": "turkmen", "nn": "nynorsk", "mt":
+    "maltese", "sa": "sanskrit", "lb": "luxembourgish", "my": "myanmar", "bo": "tibetan", "tl": "tagalog", "mg":
+    "malagasy", "as": "assamese", "tt": "tatar", "haw": "hawaiian", "ln": "lingala", "ha": "hausa", "ba": "bashkir",
+    "jw": "javanese", "su": "sundanese", "yue": "cantonese"
+}
 
 
 @dataclass(frozen=True)
@@ -72,8 +91,10 @@ class WhisperTokenizer:
 
     @classmethod
     def from_dir(cls, path: Path, generation_config: dict, vocab_size: int) -> "WhisperTokenizer":
-        data = add_timestamp_tokens(json.loads((path / "tokenizer.json").read_text()))
-        tokenizer = Tokenizer.from_str(json.dumps(data))
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        if tokenizer.token_to_id("<|0.00|>") is None:  # shipped without timestamp tokens: add them
+            data = add_timestamp_tokens(json.loads((path / "tokenizer.json").read_text()))
+            tokenizer = Tokenizer.from_str(json.dumps(data))
         return cls(tokenizer, vocab_from(tokenizer, generation_config, vocab_size))
 
     def encode(self, text: str) -> list[int]:

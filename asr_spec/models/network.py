@@ -1,0 +1,245 @@
+"""Whisper's networks in plain torch, read from and written to transformers' directory format.
+
+The parameter names are transformers' (``model.encoder.layers.0.self_attn.q_proj.weight``, ``proj_out.weight``), so a
+transformers Whisper directory (``config.json`` + ``model.safetensors``) loads here and what we write loads there.
+transformers itself is not imported: it costs ~4 s of a process's start (AMD EPYC, 2 cores), more than a short
+file's whole transcription. The encoder's forward is transformers' (eager and SDPA) operation for operation, so its
+bits are the same (tests/test_models.py); the decoder's inference runs in :class:`~asr_spec.models.kv_decoder.
+StaticDecoder`, which reads these modules' weights; :meth:`Decoder.forward` (causal, whole sequences) is what
+``asr_spec distill`` trains.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+WEIGHTS = "model.safetensors"
+Device = str | torch.device | None
+
+
+@dataclass(frozen=True)
+class Config:
+    """A Whisper's shape (transformers' ``WhisperConfig`` names and defaults); ``extra`` keeps every other key of
+    ``config.json`` (token ids, architectures) for writing it back."""
+
+    vocab_size: int = 51865
+    num_mel_bins: int = 80
+    d_model: int = 384
+    encoder_layers: int = 4
+    decoder_layers: int = 4
+    encoder_attention_heads: int = 6
+    decoder_attention_heads: int = 6
+    encoder_ffn_dim: int = 1536
+    decoder_ffn_dim: int = 1536
+    max_source_positions: int = 1500
+    max_target_positions: int = 448
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Config:
+        names = {f.name for f in fields(cls)} - {"extra"}
+        if d.get("activation_function", "gelu") != "gelu":
+            raise ValueError(f"activation {d['activation_function']!r}: Whisper's is gelu")
+        return cls(**{k: d[k] for k in names if k in d}, extra={k: v for k, v in d.items() if k not in names})
+
+    @classmethod
+    def from_dir(cls, path: Path) -> Config:
+        return cls.from_dict(json.loads((path / "config.json").read_text()))
+
+    def to_dict(self) -> dict:
+        return {"model_type": "whisper", **self.extra,
+                **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}}
+
+    def with_decoder_layers(self, layers: int) -> Config:
+        d = self.to_dict()
+        return Config.from_dict({**d, "decoder_layers": layers, "architectures": ["WhisperForCausalLM"]})
+
+
+class Table(nn.Module):
+    """An embedding table (``nn.Embedding``'s ``weight`` and lookup). Not ``nn.Embedding`` itself: building one
+    imports ``torch._dynamo`` on this torch (2.13), ~1 s of every process's start."""
+
+    def __init__(self, rows: int, width: int, device: Device = None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(rows, width, device=device))
+        if self.weight.device.type != "meta":
+            nn.init.normal_(self.weight)
+
+    @property
+    def num_embeddings(self) -> int:
+        return self.weight.shape[0]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with Whisper's projections (the key projection has no bias)."""
+
+    def __init__(self, width: int, heads: int, device: Device = None):
+        super().__init__()
+        self.num_heads, self.head_dim = heads, width // heads
+        self.scaling = self.head_dim ** -0.5
+        self.k_proj = nn.Linear(width, width, bias=False, device=device)
+        self.v_proj = nn.Linear(width, width, device=device)
+        self.q_proj = nn.Linear(width, width, device=device)
+        self.out_proj = nn.Linear(width, width, device=device)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+        """``x`` [B, T, D] attending to itself (``causal``: each position to those before it) or to ``memory``."""
+        b, t, _ = x.shape
+        src = x if memory is None else memory
+        heads = lambda y: y.view(b, -1, self.num_heads, self.head_dim).transpose(1, 2).contiguous()  # noqa: E731
+        q = heads(self.q_proj(x) * self.scaling)  # scaled before the product, as openai/whisper and transformers
+        a = F.scaled_dot_product_attention(q, heads(self.k_proj(src)), heads(self.v_proj(src)), scale=1.0,
+                                           is_causal=causal and t > 1)
+        return self.out_proj(a.transpose(1, 2).contiguous().reshape(b, t, -1).contiguous())
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, c: Config, device: Device = None):
+        super().__init__()
+        self.self_attn = Attention(c.d_model, c.encoder_attention_heads, device)
+        self.self_attn_layer_norm = nn.LayerNorm(c.d_model, device=device)
+        self.fc1 = nn.Linear(c.d_model, c.encoder_ffn_dim, device=device)
+        self.fc2 = nn.Linear(c.encoder_ffn_dim, c.d_model, device=device)
+        self.final_layer_norm = nn.LayerNorm(c.d_model, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.self_attn_layer_norm(x))
+        x = x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+        if x.dtype == torch.float16:  # as transformers: keep float16 activations finite
+            bound = torch.finfo(x.dtype).max - 1000
+            x = x.clamp(-bound, bound)
+        return x
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: Config, device: Device = None):
+        super().__init__()
+        self.self_attn = Attention(c.d_model, c.decoder_attention_heads, device)
+        self.self_attn_layer_norm = nn.LayerNorm(c.d_model, device=device)
+        self.encoder_attn = Attention(c.d_model, c.decoder_attention_heads, device)
+        self.encoder_attn_layer_norm = nn.LayerNorm(c.d_model, device=device)
+        self.fc1 = nn.Linear(c.d_model, c.decoder_ffn_dim, device=device)
+        self.fc2 = nn.Linear(c.decoder_ffn_dim, c.d_model, device=device)
+        self.final_layer_norm = nn.LayerNorm(c.d_model, device=device)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.self_attn_layer_norm(x), causal=True)
+        x = x + self.encoder_attn(self.encoder_attn_layer_norm(x), memory)
+        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+
+
+class Encoder(nn.Module):
+    def __init__(self, c: Config, device: Device = None):
+        super().__init__()
+        self.conv1 = nn.Conv1d(c.num_mel_bins, c.d_model, kernel_size=3, padding=1, device=device)
+        self.conv2 = nn.Conv1d(c.d_model, c.d_model, kernel_size=3, stride=2, padding=1, device=device)
+        self.embed_positions = Table(c.max_source_positions, c.d_model, device)
+        self.layers = nn.ModuleList(EncoderLayer(c, device) for _ in range(c.encoder_layers))
+        self.layer_norm = nn.LayerNorm(c.d_model, device=device)
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        """Encoder output [B, frames / 2, D] for log-mel [B, n_mels, frames], any even number of frames up to a
+        30 s window's 3000: the positional embeddings are sliced to the input's length (on 3000 frames exactly
+        transformers' computation; on fewer, whisper.cpp's ``audio_ctx``, which changes the text a little)."""
+        x = F.gelu(self.conv1(mel))
+        x = F.gelu(self.conv2(x)).permute(0, 2, 1)
+        x = x + self.embed_positions.weight[: x.shape[1]]
+        for layer in self.layers:
+            x = layer(x)
+        return self.layer_norm(x)
+
+
+class Decoder(nn.Module):
+    def __init__(self, c: Config, device: Device = None):
+        super().__init__()
+        self.embed_tokens = Table(c.vocab_size, c.d_model, device)
+        self.embed_positions = Table(c.max_target_positions, c.d_model, device)
+        self.layers = nn.ModuleList(DecoderLayer(c, device) for _ in range(c.decoder_layers))
+        self.layer_norm = nn.LayerNorm(c.d_model, device=device)
+
+    def forward(self, tokens: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+        """Hidden states [B, T, D] of whole token sequences [B, T] (from position 0) over encoder outputs."""
+        x = self.embed_tokens(tokens) + self.embed_positions.weight[: tokens.shape[1]]
+        for layer in self.layers:
+            x = layer(x, memory)
+        return self.layer_norm(x)
+
+
+class _Parts(nn.Module):
+    def __init__(self, c: Config, encoder: bool, device: Device):
+        super().__init__()
+        if encoder:
+            self.encoder = Encoder(c, device)
+        self.decoder = Decoder(c, device)
+
+
+class Network(nn.Module):
+    """A whole Whisper (``encoder=True``: transformers' ``WhisperForConditionalGeneration``) or a decoder alone
+    (distil-Whisper's drafts: ``WhisperForCausalLM``), its output layer tied to the token embeddings. ``device``
+    "meta": nothing allocated or drawn (for weights loaded next)."""
+
+    def __init__(self, config: Config, encoder: bool = True, device: Device = None):
+        super().__init__()
+        self.config = config
+        self.model = _Parts(config, encoder, device)
+        self.proj_out = nn.Linear(config.d_model, config.vocab_size, bias=False, device=device)
+        self.proj_out.weight = self.model.decoder.embed_tokens.weight
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.decoder.embed_tokens.weight.dtype
+
+    @property
+    def has_encoder(self) -> bool:
+        return hasattr(self.model, "encoder")
+
+
+def read_weights(path: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """A transformers directory's tensors: ``model.safetensors``, its shards (``model.safetensors.index.json``) or
+    ``pytorch_model.bin``."""
+    from safetensors.torch import load_file
+
+    if (path / WEIGHTS).exists():
+        return load_file(str(path / WEIGHTS), device=str(device))
+    if (index := path / f"{WEIGHTS}.index.json").exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return {k: v for shard in shards for k, v in load_file(str(path / shard), device=str(device)).items()}
+    if (path / "pytorch_model.bin").exists():
+        return torch.load(path / "pytorch_model.bin", map_location=device, weights_only=True)
+    raise FileNotFoundError(f"{path}: no {WEIGHTS} (or shards, or pytorch_model.bin)")
+
+
+def load_network(path: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Network:
+    """The network of a transformers Whisper directory, in ``dtype`` on ``device``, for inference."""
+    config = Config.from_dir(path)
+    arch = (config.extra.get("architectures") or ["WhisperForConditionalGeneration"])[0]
+    tensors = read_weights(path, device)
+    tensors = {k.removeprefix("model.") if k.startswith("model.model.") else k: v for k, v in tensors.items()}
+    net = Network(config, encoder=arch != "WhisperForCausalLM", device="meta")
+    tensors.setdefault("proj_out.weight", tensors["model.decoder.embed_tokens.weight"])
+    missing, unexpected = net.load_state_dict(tensors, strict=False, assign=True)
+    if missing or unexpected:
+        raise ValueError(f"weights do not fit a Whisper of this config: missing {missing[:5]}, unexpected "
+                         f"{unexpected[:5]}")
+    net.proj_out.weight = net.model.decoder.embed_tokens.weight  # tied again after assign
+    return net.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def save_network(config: Config, tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """``config.json`` and ``model.safetensors`` (the tied output layer not repeated), as transformers writes them."""
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    doc = {"architectures": ["WhisperForConditionalGeneration"], "tie_word_embeddings": True,
+           "activation_function": "gelu", **config.to_dict()}
+    (path / "config.json").write_text(json.dumps(doc, indent=1))
+    kept = {k: v.contiguous() for k, v in tensors.items() if k != "proj_out.weight"}
+    save_file(kept, str(path / WEIGHTS), metadata={"format": "pt"})
