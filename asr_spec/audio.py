@@ -14,6 +14,7 @@ import soundfile as sf
 import soxr
 
 SAMPLE_RATE = 16000
+SAMPLE = Path(__file__).parent / "samples" / "jfk.flac"  # the bundled clip (JFK, 11 s): --sample, and measurements
 SILENCE_DBFS = -70.0  # a file whose peak stays below this holds no audible sound
 MIN_RATE, MAX_RATE = 1000, 192000  # sample rates accepted (Hz)
 MAX_CHANNELS = 16

@@ -158,7 +158,9 @@ class Recognizer:
              static: bool = False, room: int = 0) -> DecodingTask:
         """``decode``'s decode, not run yet: its caller drives it pass by pass (``start``, ``step``), rows may
         ``join`` it between passes (``room``: how many rows it will hold at most) and ``close`` ends it."""
-        draft = self.draft.decoder if (self.draft and use_draft) else None
+        # the draft drafts where it was measured to pay at this decode's width (its rows now, or at most: ``room``)
+        drafting = self.draft is not None and use_draft and self.draft.widths(max(len(requests), room))
+        draft = self.draft.decoder if drafting else None
         options = DecodeOptions(LogitRules.whisper(self.vocab, timestamps), self.vocab.eot, self.vocab.no_speech,
                                 Sampler(temperature, seed), k if draft else 0, draft_stop, keep_cross, attention_heads,
                                 static)

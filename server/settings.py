@@ -84,6 +84,9 @@ class ServeSettings(BaseSettings):
     compute_type: Literal[COMPUTE_TYPES] = Field("auto", description=(
         "precision of the whole model, CTranslate2's names (auto: the native type measured fastest here, once, "
         "then kept; live sessions put latency first); each type gives slightly different text, speculation is exact at every type"))
+    speculation: Literal["auto", "on"] = Field("auto", description=(
+        "auto: draft only at the batch widths where drafting was measured to pay on this machine (once, kept); "
+        "on: at every width. Never changes the text"))
     threads: int = Field(0, ge=0, description=(
         "torch CPU threads (0: one core fewer than the machine has, at least 1; torch's choice on CUDA)"))
     ray: str | None = Field(None, description=(
@@ -133,7 +136,7 @@ class ServeSettings(BaseSettings):
         from asr_spec.models.loader import ModelOptions
 
         return ModelOptions(self.model, None if self.no_draft else self.draft, self.device, self.compute_type,
-                            self.torch_threads())
+                            self.torch_threads(), self.speculation, measure_now=False)
 
     def engine_config(self) -> EngineConfig:
         """The streaming engine's configuration (the batch, the load step; the rest at the engine's defaults)."""

@@ -19,7 +19,7 @@ class EvalSettings:
     manifest: str = option(help='JSON lines of {"id", "audio", "text"} (audio relative to the file)')
     limit: int = option(0, "first N utterances only")
     systems: str = option("target,spec,draft,hf,hf-assisted,faster-whisper", (
-        "comma list of target, spec (the default: always K drafts), spec-fixed (the same), spec-adaptive (each pass "
+        "comma list of target, spec (the default: K drafts where drafting pays, see --speculation), spec-fixed (the same), spec-adaptive (each pass "
         "drafts the K measured to pay most), spec-chunked (--chunked), spec-fp32draft (the draft in float32 where spec "
         "runs it in int8), spec-fullview (the draft reads the whole 30 s window, not only the audio's frames), "
         "spec-sample, target-sample (sampling without the draft, same seeds), draft, hf, hf-assisted, faster-whisper, "
@@ -41,6 +41,9 @@ class EvalSettings:
     threads: int = option(0, "threads for every system (default: torch's)")
     hotwords: str | None = option(None, "our systems' hotwords (as transcribe's)")
     torch_device: str = option("cpu", "every system's device (cpu, cuda, ...)", flag="--device")
+    speculation: Literal["auto", "on"] = option("auto", "our drafting systems: auto drafts only at the batch widths "
+                                                "measured to pay here (measured first if not yet; as transcribe and "
+                                                "serve do), on: at every width")
     batch_size: str = option("1", "comma list (one run of each of our systems per size): files decoded together; "
                              "faster-whisper-batched: its batch size (it batches the chunks of one file)")
 
@@ -54,7 +57,7 @@ class EvalSettings:
                            repeat=self.repeat, compute_type=self.compute_type, encoder_window=self.encoder_window,
                            temperature=self.temperature, seeds=self.seeds, model=self.model, draft=self.draft,
                            language=self.language or None, threads=self.threads, device=self.torch_device,
-                           hotwords=self.hotwords or None,
+                           hotwords=self.hotwords or None, speculation=self.speculation,
                            batch_sizes=tuple(int(n) for n in self.batch_size.split(",")))
 
 

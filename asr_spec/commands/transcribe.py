@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from ..arguments import option
+from ..audio import SAMPLE
 from .models import ModelSettings, load
 
 if TYPE_CHECKING:
     from ..transcribe import TranscribeOptions
 
-SAMPLE = Path(__file__).parent.parent / "samples" / "jfk.flac"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -35,6 +35,7 @@ class EvalOptions:
     device: str = "cpu"  # every system's device
     hotwords: str | None = None  # our systems' hotwords
     batch_sizes: tuple[int, ...] = (1,)  # windows in flight (ours), chunks per batch (faster-whisper-batched)
+    speculation: str = "auto"  # our drafting systems: drafting widths measured here, or "on" (every width)
 
 
 def read_manifest(path: Path, limit: int = 0) -> list[dict]:
@@ -95,7 +96,8 @@ def evaluate(o: EvalOptions) -> dict:
     threads = o.threads or torch.get_num_threads()
     items = read_manifest(o.manifest, o.limit)
     draft = (default_draft(o.model) or "layers:0,5") if o.draft == "auto" else o.draft
-    setup = Setup(o.model, draft, o.language, threads, o.compute_type, o.encoder_window, o.hotwords, o.device)
+    setup = Setup(o.model, draft, o.language, threads, o.compute_type, o.encoder_window, o.hotwords, o.device,
+                  o.speculation)
     specs = expand(list(o.systems), list(o.ks), o.temperature, o.seeds, list(o.draft_stops), list(o.batch_sizes))
     runs, skipped = {}, {}
     for spec in specs:

@@ -3,6 +3,7 @@ alone) and peers (transformers generate, transformers assisted generation, faste
 from __future__ import annotations
 
 import importlib.util
+import sys
 import time
 from dataclasses import dataclass, replace
 from functools import partial
@@ -45,6 +46,7 @@ class Setup:
     encoder_window: str = "full"  # our systems' encoder input: padded 30 s windows, or only the audio
     hotwords: str | None = None  # ours (TranscribeOptions.hotwords) and faster-whisper's
     device: str = "cpu"  # every system's device: torch's name (cpu, cuda, cuda:1); faster-whisper's cpu or cuda
+    speculation: str = "auto"  # ours: draft where measured to pay (measured first where it is not), or "on"
 
 
 @dataclass
@@ -125,12 +127,20 @@ def build(spec: SystemSpec, setup: Setup) -> Transcribe:
 
 
 def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
-    from ..models.loader import load_draft, load_target
+    from dataclasses import replace
+
+    from ..measure import settle
+    from ..models.loader import ModelOptions, load_draft, load_target
     from ..recognizer import Checks, temperature_ladder
     from ..transcribe import TranscribeOptions, Transcriber
 
-    target = load_target(setup.model, setup.device, spec.compute_type or setup.compute_type)
+    options = ModelOptions(setup.model, setup.draft, setup.device, spec.compute_type or setup.compute_type,
+                           setup.threads, setup.speculation)
+    target = load_target(setup.model, setup.device, options.precision())
     draft = load_draft(setup.draft, target, spec.draft_int8) if spec.kind not in ("target", "target-sample") else None
+    if draft is not None and spec.kind != "draft":  # the product's drafting widths, measured now where not yet
+        draft = settle(options, target, replace(draft, widths=options.draft_widths(target.precision.name)))
+        print(f"{spec.name}: {draft.widths.describe()}", file=sys.stderr)
     tr = Transcriber(draft.alone(target)) if spec.kind == "draft" else Transcriber(target, draft)
     # the draft alone: one greedy attempt (a failing draft would otherwise retry at every temperature)
     temps = (0.0,) if spec.kind == "draft" else temperature_ladder(spec.temperature)

@@ -15,6 +15,7 @@ import re
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -70,17 +71,45 @@ def window_seconds(encode: Callable[[torch.Tensor], torch.Tensor], n_mels: int, 
     return statistics.median(took)
 
 
+def kept_path(cache: Path, kind: str, key: str) -> Path:
+    """Where a measurement of ``kind`` (``auto``: the type; ``draft-widths``) for ``key`` is kept."""
+    return cache / kind / (re.sub(r"[^A-Za-z0-9._-]+", "_", key).strip("_")[:150] + ".json")
+
+
+def kept_type(key: str, candidates: list[str], cache: Path) -> str | None:
+    """The type measured fastest for ``key`` among the same ``candidates``, if it was measured (else None)."""
+    try:
+        doc = json.loads(kept_path(cache, "auto", key).read_text())
+    except (OSError, ValueError):
+        return None  # not measured, or unreadable: measured again
+    return doc["chosen"] if doc.get("candidates") == candidates and doc.get("chosen") in candidates else None
+
+
+def guessed_type(device: str | torch.device = "cpu") -> str:
+    """What ``auto`` uses before it has been measured on a machine (a process that does not wait for the measurement:
+    serve, mic): float16 on CUDA; on a CPU bfloat16 where it is native (measured fastest or within 2 % of it on the
+    AMX Xeon and the AVX512-BF16 EPYC), else int8_float32 (the AVX2 EPYC's fastest)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "float16"
+    if native_bfloat16(device) or amx(device):
+        return "bfloat16"
+    return "int8_float32" if int8_kernels(device) else "float32"
+
+
+def write_kept(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(path)
+
+
 def measured_type(key: str, candidates: list[str], measure: Callable[[str], float], cache: Path) -> str:
     """The fastest of ``candidates`` by ``measure`` (seconds), kept per ``key`` in ``cache``/auto; measured on first
     use (and again when the candidates change), saying so on stderr."""
-    path = cache / "auto" / (re.sub(r"[^A-Za-z0-9._-]+", "_", key).strip("_")[:150] + ".json")
-    if path.exists():
-        try:
-            doc = json.loads(path.read_text())
-            if doc.get("candidates") == candidates and doc.get("chosen") in candidates:
-                return doc["chosen"]
-        except (OSError, ValueError):
-            pass  # unreadable: measured again
+    if (kept := kept_type(key, candidates, cache)) is not None:
+        return kept
+    path = kept_path(cache, "auto", key)
     print(f"compute type auto: measuring {', '.join(candidates)} on {key} (once; kept in {path})", file=sys.stderr)
     seconds, failed = {}, {}
     for c in candidates:
@@ -94,9 +123,46 @@ def measured_type(key: str, candidates: list[str], measure: Callable[[str], floa
     chosen = min(seconds, key=seconds.__getitem__)
     print("compute type auto = " + chosen + ": seconds per window " +
           ", ".join(f"{c} {s:.3f}" for c, s in sorted(seconds.items(), key=lambda kv: kv[1])), file=sys.stderr)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"key": key, "candidates": candidates, "seconds": seconds, "failed": failed, "chosen": chosen,
-                               "passes": PASSES, "k": K, "torch": torch.__version__}, indent=1))
-    tmp.replace(path)
+    write_kept(path, {"key": key, "candidates": candidates, "seconds": seconds, "failed": failed, "chosen": chosen,
+                      "passes": PASSES, "k": K, "torch": torch.__version__})
     return chosen
+
+
+@dataclass(frozen=True)
+class DraftWidths:
+    """Where drafting pays: for each batch width measured (rows decoded together), whether the speculative decode
+    was faster than target-only on this machine at this type. A width between two measured ones follows the one
+    below it. ``source``: ``measured``, ``guessed`` (not measured here yet), or ``always`` (``--speculation on``)."""
+
+    pays: dict[int, bool]
+    source: str = "measured"
+
+    def __call__(self, rows: int) -> bool:
+        below = [w for w in self.pays if w <= rows]
+        return self.pays[max(below) if below else min(self.pays)]
+
+    def describe(self) -> str:
+        on = [w for w, p in sorted(self.pays.items()) if p]
+        off = [w for w, p in sorted(self.pays.items()) if not p]
+        if self.source == "always":
+            return "drafting at every batch width (--speculation on)"
+        said = ("drafting at batch " + ", ".join(map(str, on)) if on else "target alone at every batch width") + \
+            (f", target alone at batch {', '.join(map(str, off))}" if off and on else "")
+        return said + (" (measured here)" if self.source == "measured" else " (a guess: not measured here yet)")
+
+
+ALWAYS = DraftWidths({1: True}, "always")
+
+
+def guessed_widths(device: str | torch.device = "cpu") -> DraftWidths:
+    """Where drafting pays before it was measured: every width on a CPU (measured so on three CPU kinds at batch 1
+    and 8); on CUDA batch 1 only (H100, whisper-base, batch 8: speculation 0.83x of target-only's decode)."""
+    return DraftWidths({1: True, 8: torch.device(device).type != "cuda"}, "guessed")
+
+
+def kept_widths(key: str, cache: Path) -> DraftWidths | None:
+    try:
+        doc = json.loads(kept_path(cache, "draft-widths", key).read_text())
+        return DraftWidths({int(w): bool(p) for w, p in doc["pays"].items()})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None

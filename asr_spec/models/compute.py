@@ -28,6 +28,7 @@ class Precision:
     name: str
     float: torch.dtype
     int8: bool
+    guessed: bool = False  # ``auto`` before it was measured on this machine (models/auto.py: guessed_type)
 
 
 _FLOATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

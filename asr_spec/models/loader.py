@@ -75,6 +75,7 @@ class Draft:
     encoder: nn.Module | None
     name: str
     net: Network  # its network (a decoder alone, or a full smaller Whisper), for peers such as assisted generation
+    widths: auto.DraftWidths = auto.ALWAYS  # the batch widths at which it drafts (``load``: where it pays here)
 
     @torch.inference_mode()
     def encoder_out(self, mel: torch.Tensor, target_out: torch.Tensor) -> torch.Tensor:
@@ -110,8 +111,8 @@ def load_target(spec: str = EMBEDDED, device: str = "cpu", compute_type: str | P
         raise ModelError(f"{spec}: no tokenizer.json beside the model")
     generation = generation_config(path)
     tokenizer = WhisperTokenizer.from_dir(path, generation, net.config.vocab_size)
-    name = str(spec) if p.name == "float32" and compute_type != "auto" else \
-        f"{spec} ({p.name}{', auto' if compute_type == 'auto' else ''})"
+    how = ", auto: a guess, not measured here yet" if p.guessed else ", auto" if compute_type == "auto" else ""
+    name = str(spec) if p.name == "float32" and not how else f"{spec} ({p.name}{how})"
     return Whisper(net, tokenizer, StaticDecoder(net.model.decoder, net.proj_out.weight, int8="rows" if p.int8 else None,
                                                  exact=True),
                    AnyLengthEncoder(net.model.encoder, p.int8), name, p, generation)
@@ -161,27 +162,55 @@ def default_draft(target_spec: str) -> str | None:
 class ModelOptions:
     """Which models to load and how: what every command (transcribe, serve, mic, eval, distill, --ray workers)
     passes to :func:`load`. ``draft``: ``auto`` is the one shipped for the target (none for most), None no draft,
-    anything else ``load_draft``'s spec. ``compute_type``: CTranslate2's names (``models/compute.py``)."""
+    anything else ``load_draft``'s spec. ``compute_type``: CTranslate2's names (``models/compute.py``).
+    ``speculation``: ``auto`` drafts only at the batch widths where drafting was measured to pay here (a guess until
+    measured: ``auto.guessed_widths``), ``on`` at every width. ``measure_now``: what is not measured on this machine
+    yet (``auto``'s type) is measured before loading; False: the guess now (``asr_spec.measure`` measures it, in the
+    background, for later processes)."""
 
     model: str = EMBEDDED
     draft: str | None = "auto"
     device: str = "cpu"
     compute_type: str = "float32"
     threads: int = 0  # torch CPU threads (0: torch's choice)
+    speculation: str = "auto"
+    measure_now: bool = True
 
     def precision(self) -> Precision:
         """The compute type resolved for the device (a type it cannot run raises ModelError); ``auto``: the type
-        measured fastest here for this model and its shipped draft (``models/auto.py``)."""
+        measured fastest here for this model and its shipped draft (``models/auto.py``), or its guess."""
         from .compute import ComputeTypeError
 
         try:
-            return resolve_compute_type(self.compute_type, self.device, auto=self._measured_fastest)
+            p = resolve_compute_type(self.compute_type, self.device, auto=self._auto_type)
         except ComputeTypeError as e:
             raise ModelError(str(e)) from None
+        return replace(p, guessed=True) if self.compute_type == "auto" and self.kept_type() is None else p
 
-    def _measured_fastest(self) -> str:
+    def auto_key(self) -> str:
+        return f"{Path(self.model).resolve() if Path(self.model).is_dir() else self.model} on {machine(self.device)}"
+
+    def kept_type(self) -> str | None:
+        """``auto``'s type as measured on this machine (None: not measured yet)."""
+        return auto.kept_type(self.auto_key(), auto.native_types(self.device), cache_dir())
+
+    def widths_key(self, precision: str) -> str:
+        """What a draft's widths measurement holds for: target, draft, type and machine (its thread count too)."""
+        return f"{self.auto_key()} {self.draft} {precision}"
+
+    def draft_widths(self, precision: str) -> auto.DraftWidths:
+        """Where drafting pays for these models at ``precision`` on this machine: measured, else guessed."""
+        if self.speculation == "on":
+            return auto.ALWAYS
+        return auto.kept_widths(self.widths_key(precision), cache_dir()) or auto.guessed_widths(self.device)
+
+    def _auto_type(self) -> str:
         if self.threads:
             torch.set_num_threads(self.threads)
+        if (kept := self.kept_type()) is not None:
+            return kept
+        if not self.measure_now:
+            return auto.guessed_type(self.device)
         draft = default_draft(self.model)
 
         def measure(name: str) -> float:
@@ -189,17 +218,20 @@ class ModelOptions:
             d = load_draft(draft, target) if draft else None
             return auto.window_seconds(target.encode, target.n_mels, target.decoder, d.decoder if d else None)
 
-        key = f"{Path(self.model).resolve() if Path(self.model).is_dir() else self.model} on {machine(self.device)}"
-        return auto.measured_type(key, auto.native_types(self.device), measure, cache_dir())
+        return auto.measured_type(self.auto_key(), auto.native_types(self.device), measure, cache_dir())
 
 
 def load(options: ModelOptions) -> tuple[Whisper, Draft | None]:
-    """The target and its draft (or None), both at the options' compute type; sets torch's thread count."""
+    """The target and its draft (or None), both at the options' compute type, the draft with where it pays
+    (``ModelOptions.draft_widths``); sets torch's thread count."""
     if options.threads:
         torch.set_num_threads(options.threads)
     target = load_target(options.model, options.device, options.precision())
     spec = default_draft(options.model) if options.draft == "auto" else options.draft
-    return target, None if spec is None else load_draft(spec, target)
+    if spec is None:
+        return target, None
+    draft = load_draft(spec, target)
+    return target, replace(draft, widths=options.draft_widths(target.precision.name))
 
 
 def load_draft(spec: str, target: Whisper, int8: bool | None = None) -> Draft:

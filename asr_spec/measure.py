@@ -1,0 +1,171 @@
+"""What a machine is measured for once and then kept in the cache directory: ``--compute-type auto``'s type
+(models/auto.py) and the batch widths at which drafting pays (``auto.DraftWidths``).
+
+Speculation costs a verify pass of K + 1 positions and K draft steps for the tokens it saves. Where the verify and the
+draft cost more than they save (a GPU at batch 8 with whisper-base: 0.83x), the default decodes without drafting at
+that width. Which widths pay is measured on the bundled sample: the same decode at each width (1 and 8; 16 on CUDA),
+target-only and speculative in turn, ``ROUNDS`` times; drafting pays where the speculative median is the faster.
+
+A process that must not wait (serve, mic, transcribe) starts with what is kept, else with the guesses
+(``auto.guessed_type``, ``auto.guessed_widths``) and starts this module in the background, at the lowest CPU priority,
+to measure for the processes after it: ``python -m asr_spec.measure`` (the same arguments as the command's model
+options; run it in the foreground to measure now). ``ASR_SPEC_MEASURE=off`` starts nothing (the test suite).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import torch
+
+from .audio import SAMPLE, load_audio
+from .features import log_mel, window
+from .models.auto import DraftWidths, kept_path, write_kept
+from .models.loader import Draft, ModelOptions, Whisper, load
+from .models.pair import Pair
+from .models.sources import cache_dir
+from .recognizer import Recognizer
+
+ROUNDS = 3  # decodes of each kind per width (medians compared)
+WIDTHS = {"cpu": (1, 8), "cuda": (1, 8, 16)}
+LOCK = "measuring.pid"
+
+
+def decode_seconds(rec: Recognizer, memory: torch.Tensor, width: int, use_draft: bool) -> float:
+    """Wall seconds of one greedy decode of ``width`` copies of the sample's window."""
+    v = rec.vocab
+    request = rec.prompt([], "en" if v.multilingual else None, "transcribe", timestamps=True)
+    rows = memory.expand(width, -1, -1).contiguous()
+    memories = Pair(rows, rows)  # the draft reads the target's encoder output (drafts with their own: not measured)
+    sync = torch.cuda.synchronize if memory.is_cuda else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    rec.decode(memories, [request] * width, use_draft=use_draft, static=True)
+    sync()
+    return time.perf_counter() - t0
+
+
+def measure_widths(target: Whisper, draft: Draft, widths: tuple[int, ...], rounds: int = ROUNDS) -> dict:
+    """Decode seconds by width, target-only and speculative (medians of ``rounds``, in turn after a warm-up)."""
+    rec = Recognizer(target, replace(draft, widths=DraftWidths({1: True}, "always")))
+    memory = rec.encode(window(log_mel(load_audio(SAMPLE), target.n_mels), 0)[None].to(target.decoder.device)).target
+    out = {}
+    for w in widths:
+        for use_draft in (False, True):  # warm-up: first calls, caches of this width
+            decode_seconds(rec, memory, w, use_draft)
+        took: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(rounds):
+            for use_draft in (False, True):
+                took[use_draft].append(decode_seconds(rec, memory, w, use_draft))
+        out[w] = {"target": statistics.median(took[False]), "spec": statistics.median(took[True])}
+    return out
+
+
+def measured_widths(options: ModelOptions, target: Whisper, draft: Draft) -> DraftWidths:
+    """Measure where ``draft`` pays with ``target`` here (now), keep it and return it."""
+    kind = torch.device(options.device).type
+    seconds = measure_widths(target, draft, WIDTHS.get(kind, WIDTHS["cpu"]))
+    pays = {w: s["spec"] < s["target"] for w, s in seconds.items()}
+    key = options.widths_key(target.precision.name)
+    write_kept(kept_path(cache_dir(), "draft-widths", key),
+               {"key": key, "pays": pays, "seconds": seconds, "rounds": ROUNDS, "torch": torch.__version__})
+    return DraftWidths(pays)
+
+
+def settle(options: ModelOptions, target: Whisper, draft: Draft | None) -> Draft | None:
+    """After loading: with ``options.measure_now``, measure where the draft pays if that was guessed; otherwise,
+    where a guess stands in (the type, the widths), start the measurement for later processes. Returns the draft with
+    the widths it uses now."""
+    guessed = draft is not None and draft.widths.source == "guessed" and draft.encoder is None
+    if not measuring():
+        return draft
+    if options.measure_now and guessed:
+        print("speculation: measuring where the draft pays here (once; kept in the cache directory)", file=sys.stderr)
+        return replace(draft, widths=measured_widths(options, target, draft))
+    if guessed or target.precision.guessed:
+        measure_later(options)
+    return draft
+
+
+def measuring() -> bool:
+    """Whether what is not measured here may be measured (``ASR_SPEC_MEASURE=off``: never; the guesses stand)."""
+    return os.environ.get("ASR_SPEC_MEASURE", "").lower() not in ("off", "0", "no")
+
+
+def measure_later(options: ModelOptions) -> bool:
+    """Start ``python -m asr_spec.measure`` for ``options`` in the background at the lowest CPU priority, unless a
+    measurement is already running. Returns whether it started one."""
+    lock = cache_dir() / LOCK
+    try:
+        pid = int(lock.read_text())
+        os.kill(pid, 0)
+        return False  # one is running
+    except (OSError, ValueError):
+        pass  # none, or a stale lock
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "asr_spec.measure", "--model", options.model, "--draft", str(options.draft),
+            "--device", options.device, "--compute-type", options.compute_type, "--threads", str(options.threads),
+            "--wait-for", str(os.getpid())]
+    with open(cache_dir() / "measuring.log", "ab") as log:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                                 preexec_fn=lambda: os.nice(19))
+    lock.write_text(str(child.pid))
+    print(f"measuring this machine in the background (lowest priority; log: {cache_dir() / 'measuring.log'}): "
+          "later processes use what it finds", file=sys.stderr)
+    return True
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU seconds process ``pid`` has used (None: it is gone, or this system does not say)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def wait_idle(pid: int, most: float = 600.0) -> None:
+    """Wait until process ``pid`` (the server that started this) uses less than a tenth of a core, or is gone, or
+    ``most`` seconds passed: a measurement taken beside a busy server measures the server."""
+    deadline = time.monotonic() + most
+    before = cpu_seconds(pid)
+    while before is not None and time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = cpu_seconds(pid)
+        if now is None or now - before < 0.1:
+            return
+        before = now
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m asr_spec.measure", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=ModelOptions.model)
+    p.add_argument("--draft", default="auto")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--compute-type", default="auto")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--wait-for", type=int, default=0, help="measure while this process is idle")
+    a = p.parse_args(argv)
+    if a.wait_for:
+        wait_idle(a.wait_for)
+    options = ModelOptions(a.model, None if a.draft == "None" else a.draft, a.device, a.compute_type, a.threads)
+    try:
+        target, draft = load(options)  # measures auto's type first where it is not kept
+        draft = settle(options, target, draft)
+        if draft is not None:
+            print(f"{target.name}: {draft.widths.describe()}" if draft.widths.source != "guessed" else
+                  f"{target.name}: the draft's widths are not measured", file=sys.stderr)
+    finally:
+        lock = cache_dir() / LOCK
+        if lock.exists() and lock.read_text().strip() == str(os.getpid()):
+            lock.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
