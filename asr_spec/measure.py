@@ -36,13 +36,14 @@ WIDTHS = {"cpu": (1, 8), "cuda": (1, 8, 16)}
 LOCK = "measuring.pid"
 
 
-def decode_seconds(rec: Recognizer, memory: torch.Tensor, width: int, use_draft: bool) -> float:
-    """Wall seconds of one greedy decode of ``width`` copies of the sample's window."""
+def decode_seconds(rec: Recognizer, memory: Pair[torch.Tensor], width: int, use_draft: bool) -> float:
+    """Wall seconds of one greedy decode of ``width`` copies of the sample's window (``memory``: its encoder outputs,
+    the target's and the draft's)."""
     v = rec.vocab
     request = rec.prompt([], "en" if v.multilingual else None, "transcribe", timestamps=True)
-    rows = memory.expand(width, -1, -1).contiguous()
-    memories = Pair(rows, rows)  # the draft reads the target's encoder output (drafts with their own: not measured)
-    sync = torch.cuda.synchronize if memory.is_cuda else (lambda: None)
+    rows = lambda m: m.expand(width, -1, -1).contiguous()  # noqa: E731
+    memories = Pair(rows(memory.target), None if memory.draft is None else rows(memory.draft))
+    sync = torch.cuda.synchronize if memory.target.is_cuda else (lambda: None)
     sync()
     t0 = time.perf_counter()
     rec.decode(memories, [request] * width, use_draft=use_draft, static=True)
@@ -53,7 +54,7 @@ def decode_seconds(rec: Recognizer, memory: torch.Tensor, width: int, use_draft:
 def measure_widths(target: Whisper, draft: Draft, widths: tuple[int, ...], rounds: int = ROUNDS) -> dict:
     """Decode seconds by width, target-only and speculative (medians of ``rounds``, in turn after a warm-up)."""
     rec = Recognizer(target, replace(draft, widths=DraftWidths({1: True}, "always")))
-    memory = rec.encode(window(log_mel(load_audio(SAMPLE), target.n_mels), 0)[None].to(target.decoder.device)).target
+    memory = rec.encode(window(log_mel(load_audio(SAMPLE), target.n_mels), 0)[None].to(target.decoder.device))
     out = {}
     for w in widths:
         for use_draft in (False, True):  # warm-up: first calls, caches of this width
@@ -81,7 +82,7 @@ def settle(options: ModelOptions, target: Whisper, draft: Draft | None) -> Draft
     """After loading: with ``options.measure_now``, measure where the draft pays if that was guessed; otherwise,
     where a guess stands in (the type, the widths), start the measurement for later processes. Returns the draft with
     the widths it uses now."""
-    guessed = draft is not None and draft.widths.source == "guessed" and draft.encoder is None
+    guessed = draft is not None and draft.widths.source == "guessed"
     if not measuring():
         return draft
     if options.measure_now and guessed:
@@ -103,10 +104,10 @@ def measure_later(options: ModelOptions) -> bool:
     lock = cache_dir() / LOCK
     try:
         pid = int(lock.read_text())
-        os.kill(pid, 0)
-        return False  # one is running
+        if b"asr_spec.measure" in open(f"/proc/{pid}/cmdline", "rb").read():
+            return False  # one is running
     except (OSError, ValueError):
-        pass  # none, or a stale lock
+        pass  # none, or a stale lock (its process gone, or the number now another process's)
     cache_dir().mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "asr_spec.measure", "--model", options.model, "--draft", str(options.draft),
             "--device", options.device, "--compute-type", options.compute_type, "--threads", str(options.threads),

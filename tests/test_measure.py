@@ -68,12 +68,17 @@ def test_a_process_that_must_not_wait_guesses_and_measures_in_the_background(tin
                                                                              capsys):
     """Nothing measured here: the guesses now (auto's type, the widths), and one background measurement started at
     the lowest priority; none while one runs, none under ASR_SPEC_MEASURE=off."""
+    import subprocess
+    import sys
+
     monkeypatch.setenv("ASR_SPEC_CACHE", str(tmp_path))
     monkeypatch.setenv("ASR_SPEC_MEASURE", "on")
     started = []
+    # what a running measurement looks like to the lock: a live process of that name
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "asr_spec.measure"])
 
     class Child:
-        pid = os.getpid()  # alive: a lock naming it holds
+        pid = running.pid
 
         def __init__(self, argv, **kw):
             started.append((argv, kw))
@@ -92,6 +97,12 @@ def test_a_process_that_must_not_wait_guesses_and_measures_in_the_background(tin
     (tmp_path / measure.LOCK).unlink()
     measure.settle(options, target, draft)
     assert len(started) == 1
+    (tmp_path / measure.LOCK).write_text(str(os.getpid()))  # a stale lock: its number is another process's
+    monkeypatch.setenv("ASR_SPEC_MEASURE", "on")
+    running.kill()
+    running.wait(10)
+    measure.settle(options, target, draft)
+    assert len(started) == 2
 
 
 @pytest.mark.slow

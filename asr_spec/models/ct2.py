@@ -1,5 +1,5 @@
-"""Read CTranslate2 Whisper checkpoints (``model.bin``, binary version 6) and convert them to a
-Hugging Face ``transformers`` directory."""
+"""Read CTranslate2 Whisper checkpoints (``model.bin``, binary version 6) into transformers-named tensors and a
+config (``sources.convert_ct2`` writes them as a transformers directory)."""
 from __future__ import annotations
 
 import io

@@ -98,6 +98,9 @@ def load_tokenizer(spec: str = EMBEDDED) -> WhisperTokenizer:
 def load_target(spec: str = EMBEDDED, device: str = "cpu", compute_type: str | Precision = "float32") -> Whisper:
     """The target at ``compute_type`` (a name, resolved for ``device``, or a resolved :class:`Precision`): weights
     in its float type, and with int8 the decoder's and the encoder's linear layers in int8, exact per row."""
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ModelError(f"--device {device}: this torch ({torch.__version__}) has no CUDA, or no GPU is visible "
+                         "(a CUDA build of torch: docs/gpu.md)")
     path = resolve(spec)
     p = compute_type if isinstance(compute_type, Precision) else \
         ModelOptions(spec, None, device, compute_type).precision()

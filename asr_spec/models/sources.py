@@ -110,7 +110,8 @@ def resolve(spec: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(spec, allow_patterns=["*.json", "*.safetensors", "*.txt"]))
+        return Path(snapshot_download(spec, allow_patterns=["*.json", "*.safetensors", "*.txt",
+                                                                       "pytorch_model.bin"]))
     except Exception as e:  # noqa: BLE001 - any hub failure becomes one clear message
         raise ModelError(f"{spec}: no such local directory, and it could not be fetched from the model hub "
                          f"({type(e).__name__}: {e})") from None
