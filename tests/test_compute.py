@@ -237,7 +237,7 @@ def test_each_type_computes_in_its_own_float_and_returns_float32(typed_target, t
 def test_int8_speculation_equals_int8_target_on_dev_speech_batch_8_and_1(dev_manifest):
     """The real model at int8: 16 dev utterances decoded as two batches of 8 speculatively, each compared with
     the int8 target alone at batch 1: token for token."""
-    from test_real import compare
+    from test_exact_real_speech import compare
 
     from asr_spec.transcribe import TranscribeOptions, Transcriber
 

@@ -30,7 +30,7 @@ from asr_spec.clients.stream import StreamEnded, stream_file
 from conftest import DEV
 from prometheus_client.parser import text_string_to_metric_families
 from server_proc import free_port, recv, serve
-from test_realtime import COMPLETED, pcm24
+from test_openai_realtime import COMPLETED, pcm24
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 

@@ -79,9 +79,13 @@ def test_batch_8_equals_batch_1_and_the_arena_is_reused_and_grows(tiny_target, d
     assert first.slots == 1
     _run(StaticDecodingTask, tiny_target, draft, [5], 3)
     assert next(iter(static._ARENAS[tiny_target.decoder].values())) is first  # reused
+    largest, arenas = 1, {first.slots: first}
     for company in ([7, 2], [0, 1, 2, 3, 4, 5, 6, 7], [6, 3, 1], [7, 6, 5, 4, 3, 2, 1]):
         got, task = _run(StaticDecodingTask, tiny_target, draft, company, 3)
-        assert task.arena.slots == bucket(max(len(company), 1)) or task.arena.slots >= len(company)
+        largest = max(largest, len(company))
+        # grown to the bucket of the largest batch so far (2, then 8), then reused for the smaller ones
+        assert task.arena.slots == bucket(largest), (company, task.arena.slots)
+        assert arenas.setdefault(task.arena.slots, task.arena) is task.arena, company
         for place, r in enumerate(company):
             assert got[place][:3] == alone[r][:3], (company, r)
 
