@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU checks of issues 39 and 40 as one prepared script, for a lent GPU machine (docs/development.md, "On a lent
-# GPU"): exactness by pass and row count, the dev set target-only vs speculative at float16 (batch 1 and 8), the pass
-# budget, the live engine at 16 and 64 sessions, the host ceiling. Each step has its own deadline and leaves its
+# The GPU checks as one prepared script, for a lent GPU machine (docs/development.md, "On a lent GPU"): exactness
+# by pass and row count, the dev set target-only vs speculative at float16 (batch 1 and 8; static decode and eager),
+# the pass budget, the live engine at 16 and 64 sessions, the host ceiling. Each step has its own deadline and leaves its
 # results in $OUT as soon as it ends, so a run cut short still returns what it did.
 #
 #   GPU_DATA=/tmp/gpu OUT=/tmp/out bash eval/gpu_check.sh          # on the GPU machine
@@ -44,7 +44,7 @@ MANIFEST=$DATA/dev/manifest.jsonl
 export ASR_SPEC_DEV=$DATA/dev PYTHONUNBUFFERED=1
 if [ -n "${QUICK:-}" ]; then LIMIT="--limit 2"; FILES=2; SESS=2; SECS=5; HOST=4; else LIMIT=""; FILES=16; SESS=16,64; SECS=30; HOST=16,64; fi
 
-[ -z "${SKIP_EXACT:-}" ] && step 45 $PY eval/exact_rows.py --device "$DEVICE" --compute-type "$TYPE",bfloat16,int8 > "$OUT/exact-rows.txt" 2>&1
+[ -z "${SKIP_EXACT:-}" ] && step 45 $PY eval/experiments/exact_rows.py --device "$DEVICE" --compute-type "$TYPE",bfloat16,int8 > "$OUT/exact-rows.txt" 2>&1
 # the dev set with each static mode (ASR_SPEC_STATIC: auto = the static decode replayed as CUDA graphs on CUDA; off =
 # the eager loop), side by side in one run; BATCHES_<mode> gives a mode's batch sizes
 for mode in ${STATIC_MODES:-auto}; do

@@ -4,7 +4,7 @@ at the decoder's layer shapes. An exact decoder needs a way that never differs (
 batch 1); ``asr_spec.models.linear.project`` is the one the decoders use (the way ``exact_way`` measured exact
 and fastest here, printed at the end).
 
-    python eval/exact_linear.py [--device cuda] [--dtype float16,bfloat16,float32]
+    python eval/experiments/exact_linear.py [--device cuda] [--dtype float16,bfloat16,float32]
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ largest difference) at each compute type on a device: what speculative == target
 on. ``tests/test_compute.py`` checks the same on the tiny model on the CPU that runs the tests; this runs the real
 model on any device (a GPU's kernels may pick another path by row count).
 
-    python eval/exact_rows.py [--device cuda] [--compute-type float16,int8,float32]
+    python eval/experiments/exact_rows.py [--device cuda] [--compute-type float16,int8,float32]
 """
 from __future__ import annotations
 

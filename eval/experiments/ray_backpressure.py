@@ -7,7 +7,7 @@ A server that is not read while a session holds ``max_backlog_s`` (40 s) of unde
 through TCP: the client finishes sending about 40 s of decoding before ``closed``. A proxy that buffers what the
 replica does not read lets the client finish sending at once, and holds the rest in its memory.
 
-    python eval/ray_backpressure.py --seconds 120 [--dev DIR]    # whisper-base, serve's defaults
+    python eval/experiments/ray_backpressure.py --seconds 120 [--dev DIR]    # whisper-base, serve's defaults
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from asr_spec.evaluation.harness import add_data_args, data, served, write_results
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FRAME = 1600  # 100 ms frames, as asr_spec stream sends
 
 
@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=120.0)
     ap.add_argument("--port", type=int, default=8791)
     ap.add_argument("--metrics-port", type=int, default=9391)
-    ap.add_argument("--out", default=str(ROOT / "eval" / "results" / "ray-backpressure.json"))
+    ap.add_argument("--out", default=str(ROOT / "eval" / "results" / "ray" / "backpressure.json"))
     ap.add_argument("serve_args", nargs="*", help="more options for both servers (after --)")
     add_data_args(ap)
     args = ap.parse_args()

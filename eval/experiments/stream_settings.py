@@ -1,6 +1,7 @@
 """Streaming WER and engine time of one engine setting: how the streaming encoder's defaults were chosen.
 
-    python eval/stream_settings.py NAME [field=value ...] [--limit 65] [--long 120] [--threads 2] [--dev DIR]
+    python eval/experiments/stream_settings.py NAME [field=value ...] [--limit 65] [--long 120] [--threads 2]
+        [--dev DIR]
 
 ``field=value``: an ``EngineConfig`` field (``lookahead_s=2.0``, ``pad_s=3.0``, ``alignment=decode``,
 ``encoder_window=audio``); ``stream.field=value`` a ``StreamConfig`` one. The dev utterances (the first ``--limit``)
@@ -24,7 +25,7 @@ from asr_spec.streaming.config import EngineConfig, StreamConfig
 from asr_spec.streaming.engine import Engine, stream_audio
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def value(text: str) -> object:

@@ -2,8 +2,8 @@
 from the measured costs of their shapes (random weights: the arithmetic and memory traffic are the real ones, the
 acceptance is not) and the acceptance our whisper-base draft reaches on the dev set.
 
-    python eval/project_large.py [--compute-type float32,int8] [--threads 2] [--device cpu] [--tokens-per-pass 2.4]
-                                 [--overhead-ms 1.4] [--cuda-graphs] [--out FILE.json]
+    python eval/experiments/project_large.py [--compute-type float32,int8] [--threads 2] [--device cpu]
+        [--tokens-per-pass 2.4] [--overhead-ms 1.4] [--cuda-graphs] [--out FILE.json]
 
 Builds a Whisper decoder in large-v3's layout (width 1280, 20 heads, 32 decoder layers, vocabulary 51866) and a
 2-layer draft of the same width (distil-large-v3's decoder; its output layer the full vocabulary), both as the

@@ -5,7 +5,8 @@ decoding. For each level: WER against the references, and the commit lag of the 
 still arrives (how much audio had arrived after a word's end, by Whisper's word alignment, when its final was sent:
 the latency a client sees on top of the decoding time).
 
-    python eval/bench_delay.py --threads 2 [--limit N] [--dev DIR]    # eval/results/realtime-delay.{json,md}
+    python eval/experiments/bench_delay.py --threads 2 [--limit N] [--dev DIR]
+    # writes eval/results/realtime-delay/results.{json,md}
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from asr_spec.streaming.config import EngineConfig
 from asr_spec.streaming.engine import Engine
 from asr_spec.streaming.policy import AlignAtt
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SERVE = ServeSettings()  # serve's own settings (its defaults, or ASR_SPEC_* as serve would read them)
 CHUNK_S = 0.5
 
@@ -56,7 +57,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--limit", type=int, default=0, help="dev utterances (0: all)")
-    ap.add_argument("--out", default=str(ROOT / "eval" / "results" / "realtime-delay"))
+    ap.add_argument("--out", default=str(ROOT / "eval" / "results" / "realtime-delay" / "results"))
     add_data_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

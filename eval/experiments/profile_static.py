@@ -3,7 +3,7 @@ decode the eager setup around the passes (prefill, the arena's claim, results); 
 draft step, its rules. Target-only (K = 0) and speculative (K = 3), batch 1, the first N dev files, whisper-base
 with the shipped draft.
 
-    python eval/profile_static.py [--files 8] [--device cuda] [--compute-type float16] [--out FILE.json]
+    python eval/experiments/profile_static.py [--files 8] [--device cuda] [--compute-type float16] [--out FILE.json]
 """
 from __future__ import annotations
 

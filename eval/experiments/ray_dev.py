@@ -2,7 +2,7 @@
 beside the same command run locally: wall times (alternating order, ``--repeat`` rounds) and whether every
 output file is identical (json compared without its timing statistics).
 
-    python eval/ray_dev.py [--dev DIR | --manifest FILE] --cpus 2 --workers 2 --out eval/results/ray
+    python eval/experiments/ray_dev.py [--dev DIR | --manifest FILE] --cpus 2 --workers 2 --out eval/results/ray
 """
 from __future__ import annotations
 
