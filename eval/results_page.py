@@ -1,7 +1,10 @@
 """docs/results.md and its plots (docs/results/*.png), regenerated from the JSON that ``asr_spec eval`` and the
-``eval/`` benchmarks save: eval/results/index.json lists, per section of the page, the current run(s) of each
-measurement. Every table is headed by the machine, date and command of its run, as its JSON records them, else
-as the index gives them. Runs the index no longer lists leave the page; their JSON stays in eval/results/.
+``eval/`` benchmarks save: eval/results/index.json names the runs of the summary (one row per machine: speed-ups,
+WER, live speakers) and, per topic and section of the page, the current run(s) of each measurement. Every table is
+headed by the machine, date and command of its run, as its JSON records them, else as the index gives them; commands
+are shown without the absolute paths of the machine that ran them (``portable``). Runs the index no longer lists
+leave the page for its lab notebook (a list per results folder, beside the folder's README); their JSON stays in
+eval/results/.
 
     python eval/results_page.py [--index eval/results/index.json] [--out docs/results.md]
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -234,9 +238,31 @@ def save(fig: Figure, path: Path) -> None:
 
 # --- the page -------------------------------------------------------------------------------------------------------
 
-def provenance(doc: dict | list, run: dict) -> dict[str, str]:
+# Absolute paths of the machine that ran a command, shortened so that a command reads the same on any machine: the dev
+# set beside the checkout as ``../shared/data/...``, eval/gpu_check.sh's data folder as ``GPU_DATA``, a checkout's
+# files relative to it, and any other folder (temporary, output, home) as ``OUT``.
+DATA = re.compile(r"(?<![\w.~-])(?:/[^\s/'\"`]+)*/shared/data/")
+GPU_DATA = re.compile(r"(?<![\w.~-])/tmp/gpu(?=/|\b)")
+CHECKOUT = re.compile(r"(?<![\w.~-])/(?:work|home|root|tmp)(?:/[^\s/'\"`]+)*?/(?=(?:eval|asr_spec|tests|server|clients)/)")
+MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:tmp|work|root|home|private/var|Users|var/folders)(?:/[^\s'\"`),;]*)?")
+
+
+def portable(command: str, renamed: dict[str, str] | None = None) -> str:
+    """``command`` without the machine's absolute paths (see above), and with results folders and scripts renamed
+    since it ran (``renamed``: old path -> new path, relative to the checkout) under their names of today."""
+    for old, new in (renamed or {}).items():
+        command = re.sub(rf"(?<![\w/-]){re.escape(old)}(?![\w-])", new, command)
+    command = DATA.sub("../shared/data/", command)
+    command = GPU_DATA.sub("GPU_DATA", command)
+    command = CHECKOUT.sub("", command)
+    return MACHINE_PATH.sub(lambda m: "OUT/" + name if (name := m.group(0).rstrip("/").rsplit("/", 1)[-1]) else "OUT",
+                            command)
+
+
+def provenance(doc: dict | list, run: dict, renamed: dict[str, str] | None = None) -> dict[str, str]:
     """Machine, threads, date and command of a run: from its JSON (``provenance``, ``environment`` of ``asr_spec
-    eval``, or top-level fields) where it records them, else from its index entry."""
+    eval``, or top-level fields) where it records them, else from its index entry. The command as ``portable``
+    gives it."""
     records = [r for r in (doc.get("provenance"), doc.get("environment"), doc) if r] if isinstance(doc, dict) else []
     out = {}
     for field, keys in (("machine", ("machine", "cpu")), ("threads", ("threads",)), ("date", ("date",)),
@@ -248,7 +274,68 @@ def provenance(doc: dict | list, run: dict) -> dict[str, str]:
         out[field] = f"{value} ({record['cores']} cores)" if field == "machine" and record.get("cores") else str(value)
         if field == "machine" and record.get("gpu"):
             out[field] = f"{record['gpu']} GPU; host {out[field]}"
+    out["command"] = portable(out["command"], renamed)
     return out
+
+
+def machine_of(doc: dict, features: str = "") -> str:
+    """A run's machine as the summary names it: the GPU or the CPU the JSON records (without the vendors' (R)), the
+    CPU's features as the index gives them (the JSON does not record them), and the cores."""
+    rec = next((r for r in (doc.get("environment"), doc.get("provenance")) if r), doc)
+    cpu = re.sub(r"\s*\(R\)|\s+Processor$", "", str(rec.get("machine") or rec.get("cpu") or "?"))
+    if rec.get("gpu"):
+        return f"{rec['gpu']}; host {cpu}, {rec['cores']} cores"
+    return ", ".join(x for x in (cpu, features, f"{rec['cores']} cores" if rec.get("cores") else "") if x)
+
+
+def summary(rows: list[dict], docs: dict[str, dict], stated: dict[str, dict[str, str]],
+            link: Callable[[str], str]) -> list[str]:
+    """The summary's table, one row per machine, each figure read from the runs the index names for it, and below it
+    each row's runs with date, command and JSON."""
+    head = ["machine", "compute type", "decode speed-up vs target-only", "end-to-end speed-up vs target-only",
+            "end-to-end speed-up vs faster-whisper int8", "WER % (faster-whisper int8)", "text identical to target-only",
+            "live speakers at real time (final latency median)", "date"]
+    table, runs = [], []
+    for row in rows:
+        doc = docs[row["file"]]
+        name, target, peer = row["spec"], row.get("target", "target"), row.get("peer", "faster-whisper-int8")
+        systems = doc["systems"]
+        if name not in systems or target not in systems:
+            raise ResultsError(f"{row['file']}: the summary names systems {name!r} and {target!r}; the run has "
+                               f"{', '.join(systems)}")
+        s = systems[name]
+        machine = machine_of(doc, row.get("features", ""))
+        ctype = s.get("compute_type") or doc.get("options", {}).get("compute_type") or row.get("compute_type")
+        if ctype is None:
+            raise ResultsError(f"{row['file']}: no compute type recorded in the JSON, and the summary gives none")
+        if doc.get("options", {}).get("compute_type") == "auto":
+            ctype = f"{ctype} (`auto`)"
+        vs_peer = doc["speedup_vs_peer"].get(peer, {}).get(name)
+        wer = num(s["wer"]) + (f" ({num(systems[peer]['wer'])})" if peer in systems else "")
+        same = "—" if s["identical_to_target"] is None else f"{s['identical_to_target']}/{s['utterances']}"
+        p = stated[row["file"]]
+        runs.append(f"- **{machine}**: files, {p['date'][:10]}: `{p['command']}` ({link(row['file'])})")
+        live = "—"
+        if row.get("live"):
+            ldoc, lp = docs[row["live"]], stated[row["live"]]
+            if machine_of(ldoc, row.get("features", "")) != machine:
+                raise ResultsError(f"{row['live']}: measured on {machine_of(ldoc, row.get('features', ''))}, not on "
+                                   f"{machine} as {row['file']}")
+            n = ldoc.get("largest_real_time_sessions")
+            at = {r["sessions"]: r for r in ldoc["capacity"]}
+            most = max(at)
+            live = "none" if n is None else (f"{'at least ' if n == most else ''}{n} "
+                                             f"({num(at[n]['final_latency_median_s'])} s)")
+            runs[-1] += f"; live, {lp['date'][:10]}: `{lp['command']}` ({link(row['live'])})"
+        table.append([machine, ctype, times(doc["speedup_vs_target"]["decode"].get(name)),
+                      times(doc["speedup_vs_target"]["wall"].get(name)), times(vs_peer), wer, same, live,
+                      p["date"][:10]])
+    return [md_table(head, table), "", *runs]
+
+
+def topics_of(spec: dict) -> list[dict]:
+    """The index's topics; an index without them (one list of sections) is one topic without a title."""
+    return spec.get("topics") or [{"sections": spec.get("sections", [])}]
 
 
 def build(index: Path, out: Path) -> list[Path]:
@@ -256,47 +343,85 @@ def build(index: Path, out: Path) -> list[Path]:
     matplotlib.rcdefaults()
     spec = json.loads(index.read_text())
     base = index.parent
-    runs = [run for section in spec["sections"] for run in section["runs"]]
-    listed = [base / run["file"] for run in runs]
-    if missing := [str(p) for p in listed if not p.is_file()]:
+    renamed = spec.get("renamed", {})
+    topics = topics_of(spec)
+    runs = [run for topic in topics for section in topic["sections"] for run in section["runs"]]
+    rows = spec.get("summary", {}).get("rows", [])
+    entries = runs + rows + [{"file": row["live"]} for row in rows if row.get("live")]
+    listed = [base / run["file"] for run in entries]
+    if missing := sorted({str(p) for p in listed if not p.is_file()}):
         raise ResultsError(f"{index} lists results that do not exist: {', '.join(missing)}")
-    docs = {run["file"]: json.loads((base / run["file"]).read_text()) for run in runs}
-    stated = {run["file"]: provenance(docs[run["file"]], run) for run in runs}  # all checked before writing
+    docs = {run["file"]: json.loads((base / run["file"]).read_text()) for run in entries}
+    stated = {run["file"]: provenance(docs[run["file"]], run, renamed) for run in entries}  # all checked before writing
     plots = out.with_suffix("")
     plots.mkdir(parents=True, exist_ok=True)
     for old in sorted(plots.glob("*.png")):
         old.unlink()
 
-    def link(path: Path) -> str:
-        rel = os.path.relpath(path, out.parent)
-        return f"[`{rel.removeprefix('../')}`]({rel})"
+    def rel(path: Path) -> str:
+        return os.path.relpath(path, out.parent)
+
+    def link(path: Path | str, text: str | None = None) -> str:
+        path = base / path if isinstance(path, str) else path
+        return f"[`{text or rel(path).removeprefix('../')}`]({rel(path)})"
 
     lines = ["# Results", "",
-             f"Generated by `python eval/results_page.py` from the JSON that {link(index)} lists as the current run of "
-             "each measurement; edit the index and rerun, not this page. Each table gives the machine, date and command "
-             f"of its run. {spec.get('intro', '')}".rstrip(), ""]
-    lines += [f"- [{section['title']}](#{section['id']})" for section in spec["sections"]] + [""]
+             f"Generated by `python eval/results_page.py` from the JSON that {link(index)} lists; edit the index and "
+             "rerun, not this page. Each table gives the machine, date and command of its run.", ""]
     written = [out]
-    for section in spec["sections"]:
-        table, plot = KINDS[section["kind"]]
-        lines += [f'<a id="{section["id"]}"></a>', "", f"## {section['title']}", "", section["note"], ""]
-        for run in section["runs"]:
-            path = base / run["file"]
-            doc, p = docs[run["file"]], stated[run["file"]]
-            if isinstance(doc, dict):  # the index's "fields": what the JSON does not record
-                doc = run.get("fields", {}) | doc
-            lines += [f"### {run['label']}", "", f"- Machine: {p['machine']}; threads: {p['threads']}",
-                      f"- Date: {p['date']}", f"- Command: `{p['command']}`", f"- JSON: {link(path)}", "", table(doc), ""]
-            if plot is not None:
-                png = plots / ("-".join(Path(run["file"]).with_suffix("").parts).removesuffix("-results") + ".png")
-                save(plot(doc, run["label"]), png)
-                written.append(png)
-                lines += [f"![{section['title']}: {run['label']}]({os.path.relpath(png, out.parent)})", ""]
-    older = sorted(p for p in base.rglob("*.json") if p != index and p not in listed)
-    lines += ["## Older runs", "", "Replaced by the runs above, or measuring what the code no longer does; kept as they "
-              "were saved:", "", *(f"- {link(p)}" for p in older), ""]
+    if "summary" in spec:
+        lines += ['<a id="summary"></a>', "", f"## {spec['summary'].get('title', 'Summary')}", "",
+                  spec["summary"]["note"], "", *summary(rows, docs, stated, link), ""]
+    titled = [topic for topic in topics if topic.get("title")]
+    lines += ["On this page, by topic:", ""] if titled else []
+    for topic in topics:
+        indent = ""
+        if topic.get("title"):
+            lines.append(f"- [{topic['title']}](#{topic['id']})")
+            indent = "  "
+        lines += [f"{indent}- [{section['title']}](#{section['id']})" for section in topic["sections"]]
+    lines += ["- [Lab notebook: older runs](#lab-notebook)", "", spec.get("intro", ""), ""]
+    for topic in topics:
+        if topic.get("title"):
+            lines += [f'<a id="{topic["id"]}"></a>', "", f"## {topic['title']}", ""]
+            lines += [topic["note"], ""] if topic.get("note") else []
+        for section in topic["sections"]:
+            table, plot = KINDS[section["kind"]]
+            lines += [f'<a id="{section["id"]}"></a>', "", f"### {section['title']}", "", section["note"], ""]
+            for run in section["runs"]:
+                path = base / run["file"]
+                doc, p = docs[run["file"]], stated[run["file"]]
+                if isinstance(doc, dict):  # the index's "fields": what the JSON does not record
+                    doc = run.get("fields", {}) | doc
+                lines += [f"#### {run['label']}", "", f"- Machine: {p['machine']}; threads: {p['threads']}",
+                          f"- Date: {p['date']}", f"- Command: `{p['command']}`", f"- JSON: {link(path)}", "",
+                          table(doc), ""]
+                if plot is not None:
+                    png = plots / ("-".join(Path(run["file"]).with_suffix("").parts).removesuffix("-results") + ".png")
+                    save(plot(doc, run["label"]), png)
+                    written.append(png)
+                    lines += [f"![{section['title']}: {run['label']}]({rel(png)})", ""]
+    lines += notebook(base, index, set(listed), link)
     out.write_text("\n".join(lines))
     return written
+
+
+def notebook(base: Path, index: Path, listed: set[Path], link: Callable[..., str]) -> list[str]:
+    """The runs the page does not show, per results folder, beside the READMEs that say what they answered."""
+    older = sorted(p for p in base.rglob("*.json") if p != index and p not in listed)
+    folders: dict[Path, list[Path]] = {}
+    for p in older:
+        folders.setdefault(base / p.relative_to(base).parts[0] if p.parent != base else base, []).append(p)
+    lines = ['<a id="lab-notebook"></a>', "", "## Lab notebook: older runs", "",
+             "Runs the page does not show: replaced by newer runs, A/B runs and before/after pairs whose outcome the "
+             "sections above state, or measuring what the code no longer does; kept as they were saved. A folder's "
+             "README says what its runs answered.", ""]
+    for folder, files in folders.items():
+        readmes = sorted(folder.rglob("README.md")) if folder != base else []
+        about = f" ({', '.join(link(r, str(r.relative_to(folder))) for r in readmes)})" if readmes else ""
+        names = ", ".join(link(f, str(f.relative_to(folder))) for f in files)
+        lines.append(f"- {link(folder)}{about}: {names}")
+    return [*lines, ""]
 
 
 def main() -> None:

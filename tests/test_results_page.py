@@ -1,5 +1,6 @@
-"""eval/results_page.py: the same JSON gives the same page and plots, every table says where, when and how it was
-measured, and a listed JSON that is missing is a clear error."""
+"""eval/results_page.py: the same JSON gives the same page and plots, the page opens with a summary whose figures come
+from the JSON, every table says where, when and how it was measured, sections are named by topic, a listed JSON that
+is missing is a clear error, and no doc carries the absolute paths of the machine that ran a command."""
 from __future__ import annotations
 
 import importlib.util
@@ -14,6 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 INDEX = ROOT / "eval" / "results" / "index.json"
 SCRIPT = ROOT / "eval" / "results_page.py"
+PAGE = ROOT / "docs" / "results.md"
+# absolute paths of a machine (temporary, checkout, home folders), not of a URL or a relative path
+MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:tmp|work|root|home|private/var)/")
 
 pytest.importorskip("matplotlib")
 
@@ -27,11 +31,14 @@ def load_script():
 
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory) -> list[tuple[Path, list[Path]]]:
+    """Two fresh builds, each in a folder beside a link to eval/, so that its links read as docs/results.md's."""
     page = load_script()
     runs = []
     for name in ("a", "b"):
-        out = tmp_path_factory.mktemp(name) / "docs" / "results.md"
-        runs.append((out, page.build(INDEX, out)))
+        folder = tmp_path_factory.mktemp(name)
+        (folder / "eval").symlink_to(ROOT / "eval", target_is_directory=True)
+        out = folder / "docs" / "results.md"
+        runs.append((out, page.build(folder / INDEX.relative_to(ROOT), out)))
     return runs
 
 
@@ -45,31 +52,137 @@ def test_a_second_run_gives_byte_identical_page_and_plots(pages):
         assert (out_a.parent / name).read_bytes() == (out_b.parent / name).read_bytes(), name
 
 
+def index_runs() -> list[dict]:
+    return [r for t in json.loads(INDEX.read_text())["topics"] for s in t["sections"] for r in s["runs"]]
+
+
+def summary_rows() -> list[dict]:
+    return json.loads(INDEX.read_text())["summary"]["rows"]
+
+
+def summary_part(text: str) -> str:
+    return text.split("\n## Summary\n", 1)[1].split("\n## ", 1)[0]
+
+
 @pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
 def test_every_table_states_machine_date_and_command(pages):
     text = pages[0][0].read_text()
-    runs = [r for s in json.loads(INDEX.read_text())["sections"] for r in s["runs"]]
-    blocks = re.split(r"^### ", text, flags=re.M)[1:]
-    assert len(blocks) == len(runs)
+    blocks = re.split(r"^#### ", text, flags=re.M)[1:]
+    assert len(blocks) == len(index_runs())
     for block in blocks:
         assert "\n| --- |" in block, block[:80]
         head = block.split("\n| ")[0]
         for field in ("- Machine: ", "- Date: ", "- Command: `", "- JSON: "):
             assert field in head, (field, block[:80])
-    # outside the per-run blocks there is no table
-    assert "| --- |" not in re.split(r"^### ", text, flags=re.M)[0]
+    # outside the per-run blocks the only table is the summary's, whose rows give their dates and, below it, each
+    # machine's commands and JSON
+    before = re.split(r"^#### ", text, flags=re.M)[0]
+    summary = summary_part(text)
+    assert before.count("\n| --- |") == summary.count("\n| --- |") == 1
+    table = [line for line in summary.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    bullets = [line for line in summary.splitlines() if line.startswith("- **")]
+    assert len(table) == len(bullets) == len(summary_rows())
+    for row, bullet in zip(table, bullets):
+        machine, date = row.split(" | ")[0].removeprefix("| "), row.split(" | ")[-1].removesuffix(" |")
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d", date), row
+        assert bullet.startswith(f"- **{machine}**: files, {date}: `") and "(../eval/results/" in bullet, bullet
 
 
 @pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
-def test_only_listed_runs_are_on_the_page_and_the_rest_is_named(pages):
+def test_only_listed_runs_are_on_the_page_and_the_rest_is_in_the_notebook(pages):
     text = pages[0][0].read_text()
-    listed = {r["file"] for s in json.loads(INDEX.read_text())["sections"] for r in s["runs"]}
-    on_page, older = text.split("## Older runs")
+    listed = {r["file"] for r in index_runs()} | {f for r in summary_rows() for f in (r["file"], r.get("live")) if f}
+    on_page, older = text.split("## Lab notebook")
     for f in listed:
-        assert f"eval/results/{f}`" in on_page and f"eval/results/{f}`" not in older
+        assert f"(../eval/results/{f})" in on_page and f"(../eval/results/{f})" not in older, f
     for p in INDEX.parent.rglob("*.json"):
-        if p != INDEX and str(p.relative_to(INDEX.parent)) not in listed:
-            assert f"eval/results/{p.relative_to(INDEX.parent)}`" in older
+        rel = str(p.relative_to(INDEX.parent))
+        if p != INDEX and rel not in listed:
+            assert f"(../eval/results/{rel})" in older, rel
+
+
+@pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
+def test_the_page_opens_with_the_summary(pages):
+    """Its first section is the summary, starting within the page's first 40 lines: on a fresh page and on the one
+    committed in docs/."""
+    for text in (pages[0][0].read_text(), PAGE.read_text()):
+        lines = text.splitlines()
+        first = next(i for i, line in enumerate(lines) if line.startswith("## "))
+        assert lines[first] == "## Summary" and first < 40, (first, lines[first])
+
+
+@pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
+def test_the_summary_quotes_its_runs(pages):
+    """Each row's figures are the JSON's: speed-ups against target-only (decode, end to end) and faster-whisper
+    int8, WER, identical texts, the live speakers at real time with their final latency, the date."""
+    summary = summary_part(pages[0][0].read_text())
+    table = [line for line in summary.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    for row, line in zip(summary_rows(), table):
+        cells = line.strip("| ").split(" | ")
+        doc = json.loads((INDEX.parent / row["file"]).read_text())
+        spec, s = row["spec"], doc["systems"][row["spec"]]
+        assert cells[2] == f"{doc['speedup_vs_target']['decode'][spec]:.2f}x", (row["file"], cells)
+        assert cells[3] == f"{doc['speedup_vs_target']['wall'][spec]:.2f}x", (row["file"], cells)
+        peer = doc["speedup_vs_peer"].get("faster-whisper-int8", {}).get(spec)
+        assert cells[4] == ("—" if peer is None else f"{peer:.2f}x"), (row["file"], cells)
+        assert cells[5].startswith(f"{s['wer']:.2f}"), (row["file"], cells)
+        assert cells[6] == f"{s['identical_to_target']}/{s['utterances']}", (row["file"], cells)
+        if row.get("live"):
+            live = json.loads((INDEX.parent / row["live"]).read_text())
+            n = live["largest_real_time_sessions"]
+            latency = next(r["final_latency_median_s"] for r in live["capacity"] if r["sessions"] == n)
+            assert re.fullmatch(rf"(at least )?{n} \({latency:.2f} s\)", cells[7]), (row["live"], cells)
+        else:
+            assert cells[7] == "—"
+        date = (doc.get("environment") or doc.get("provenance"))["date"][:10]
+        assert cells[8] == date, (row["file"], cells)
+
+
+@pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
+def test_sections_are_named_by_topic_and_their_anchors_unique(pages):
+    text = pages[0][0].read_text()
+    titles = re.findall(r"^#{2,3} (.+)$", text, flags=re.M)
+    assert not [t for t in titles if re.search(r"\bissues? \d", t, flags=re.I)], titles
+    anchors = re.findall(r'^<a id="([^"]+)"></a>$', text, flags=re.M)
+    assert len(anchors) == len(set(anchors)), sorted(a for a in anchors if anchors.count(a) > 1)
+
+
+@pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
+def test_the_committed_page_is_the_generated_one(pages):
+    """docs/results.md is what the index gives today: rerun `python eval/results_page.py` after editing it."""
+    assert PAGE.read_text() == pages[0][0].read_text()
+
+
+def test_no_doc_names_an_absolute_machine_path():
+    """Commands in the docs, the README and the results page read the same on any machine: no temporary, checkout or
+    home folder of the machine that ran them."""
+    docs = sorted({*ROOT.glob("docs/*.md"), *ROOT.glob("docs/**/*.md")}) + [ROOT / "README.md"]
+    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()[:120]}" for p in docs
+             for n, line in enumerate(p.read_text().splitlines(), 1) if MACHINE_PATH.search(line)]
+    assert not found, "absolute machine paths:\n" + "\n".join(found)
+
+
+def test_commands_are_shown_without_the_machines_paths():
+    portable = load_script().portable
+    renamed = {"eval/results/issue39": "eval/results/auto-and-float32", "eval/ray_dev.py": "eval/experiments/ray_dev.py"}
+    cases = {
+        "python -m asr_spec eval --manifest /work/shared/data/dev/manifest.jsonl --out /work/bar/auto":
+            "python -m asr_spec eval --manifest ../shared/data/dev/manifest.jsonl --out OUT/auto",
+        "python /work/main/eval/pass_budget.py --out /work/bench-join/budget-now1.json":
+            "python eval/pass_budget.py --out OUT/budget-now1.json",
+        "python -m asr_spec eval --manifest /tmp/gpu/dev/manifest.jsonl --out /tmp/tmp.n6ZIY7wLJi/eval-auto":
+            "python -m asr_spec eval --manifest GPU_DATA/dev/manifest.jsonl --out OUT/eval-auto",
+        "python eval/bench_streaming.py --out /root/out/gpu": "python eval/bench_streaming.py --out OUT/gpu",
+        "x --dev /home/someone/src/asr_spec/../shared/data/dev --out /private/var/folders/ab/T/run/":
+            "x --dev ../shared/data/dev --out OUT/run",
+        "asr_spec eval --out eval/results/issue39/auto": "asr_spec eval --out eval/results/auto-and-float32/auto",
+        "python eval/ray_dev.py --out eval/results/ray": "python eval/experiments/ray_dev.py --out eval/results/ray",
+        "asr_spec eval --manifest ../shared/data/dev/manifest.jsonl --out eval/out/dev":
+            "asr_spec eval --manifest ../shared/data/dev/manifest.jsonl --out eval/out/dev",
+    }
+    for command, shown in cases.items():
+        assert portable(command, renamed) == shown, command
+        assert not MACHINE_PATH.search(portable(command, renamed))
 
 
 @pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
