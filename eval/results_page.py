@@ -112,7 +112,8 @@ def host_table(doc: dict) -> str:
 
 
 def projection_table(doc: dict) -> str:
-    """eval/project_large.py: per compute type, the measured costs of the large shapes and the projected speed-up."""
+    """eval/experiments/project_large.py: per compute type, the measured costs of the large shapes and the projected
+    speed-up."""
     head = ["compute type", "target step ms", "verify 4 tokens ms (x step)", "draft step ms (x step)",
             f"projected decode speed-up (E = {doc['tokens_per_pass']}, loop {doc['overhead_ms']} ms a pass)"]
     rows = [[r["compute_type"], r["target_1_ms"], f"{num(r['target_4_ms'])} ({times(r['verify_steps'])})",
@@ -172,7 +173,7 @@ def word_table(doc: dict) -> str:
 
 
 def ray_table(doc: dict) -> str:
-    """eval/ray_dev.py: the local command and --ray, wall times per round."""
+    """eval/experiments/ray_dev.py: the local command and --ray, wall times per round."""
     head = ["run", "wall s (median)", "rounds, s", "against local", "outputs differing from local"]
     rows = [[name, doc["median_wall_s"][name], ", ".join(num(w) for w in doc["wall_s"][name]),
              "—" if name == "local" else times(doc["ray_over_local"]),
@@ -243,7 +244,8 @@ def save(fig: Figure, path: Path) -> None:
 # files relative to it, and any other folder (temporary, output, home) as ``OUT``.
 DATA = re.compile(r"(?<![\w.~-])(?:/[^\s/'\"`]+)*/shared/data/")
 GPU_DATA = re.compile(r"(?<![\w.~-])/tmp/gpu(?=/|\b)")
-CHECKOUT = re.compile(r"(?<![\w.~-])/(?:work|home|root|tmp)(?:/[^\s/'\"`]+)*?/(?=(?:eval|asr_spec|tests|server|clients)/)")
+CHECKOUT = re.compile(r"(?<![\w.~-])/(?:work|home|root|tmp)(?:/[^\s/'\"`]+)*?"
+                      r"/(?=(?:eval|asr_spec|tests|server|clients)/)")
 MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:tmp|work|root|home|private/var|Users|var/folders)(?:/[^\s'\"`),;]*)?")
 
 
@@ -293,7 +295,8 @@ def summary(rows: list[dict], docs: dict[str, dict], stated: dict[str, dict[str,
     """The summary's table, one row per machine, each figure read from the runs the index names for it, and below it
     each row's runs with date, command and JSON."""
     head = ["machine", "compute type", "decode speed-up vs target-only", "end-to-end speed-up vs target-only",
-            "end-to-end speed-up vs faster-whisper int8", "WER % (faster-whisper int8)", "text identical to target-only",
+            "end-to-end speed-up vs faster-whisper int8", "WER % (faster-whisper int8)",
+            "text identical to target-only",
             "live speakers at real time (final latency median)", "date"]
     table, runs = [], []
     for row in rows:

@@ -164,7 +164,8 @@ def test_no_doc_names_an_absolute_machine_path():
 
 def test_commands_are_shown_without_the_machines_paths():
     portable = load_script().portable
-    renamed = {"eval/results/issue39": "eval/results/auto-and-float32", "eval/ray_dev.py": "eval/experiments/ray_dev.py"}
+    renamed = {"eval/results/issue39": "eval/results/auto-and-float32",
+               "eval/ray_dev.py": "eval/experiments/ray_dev.py"}
     cases = {
         "python -m asr_spec eval --manifest /work/shared/data/dev/manifest.jsonl --out /work/bar/auto":
             "python -m asr_spec eval --manifest ../shared/data/dev/manifest.jsonl --out OUT/auto",
