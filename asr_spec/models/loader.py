@@ -199,7 +199,9 @@ class ModelOptions:
 
     def widths_key(self, precision: str) -> str:
         """What a draft's widths measurement holds for: target, draft, type and machine (its thread count too)."""
-        return f"{self.auto_key()} {self.draft} {precision}"
+        draft = default_draft(self.model) if self.draft == "auto" else self.draft
+        draft = str(Path(draft).resolve()) if draft and Path(draft).is_dir() else draft
+        return f"{self.auto_key()} {draft} {precision}"
 
     def draft_widths(self, precision: str) -> auto.DraftWidths:
         """Where drafting pays for these models at ``precision`` on this machine: measured, else guessed."""
