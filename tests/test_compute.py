@@ -71,7 +71,7 @@ def test_every_command_that_loads_a_model_takes_a_compute_type(capsys):
 
 
 def test_float_layers_in_fixed_blocks_give_each_row_the_same_bits_in_any_company():
-    """How float layers stay exact on CUDA (``project``: blocks of CUDA_ROWS rows; eval/exact_linear.py --device cuda
+    """How float layers stay exact on CUDA (``project``: blocks of CUDA_ROWS rows; eval/experiments/exact_linear.py --device cuda
     shows plain products differ there by row count): row 0 alone and among 2..600 rows (several blocks, last block
     partly filled) gives the same bits; the result is the product's."""
     g = torch.Generator().manual_seed(0)

@@ -165,7 +165,7 @@ def test_no_doc_names_an_absolute_machine_path():
 def test_commands_are_shown_without_the_machines_paths():
     portable = load_script().portable
     renamed = {"eval/results/issue39": "eval/results/auto-and-float32",
-               "eval/ray_dev.py": "eval/experiments/ray_dev.py"}
+               "eval/experiments/ray_dev.py": "eval/experiments/ray_dev.py"}
     cases = {
         "python -m asr_spec eval --manifest /work/shared/data/dev/manifest.jsonl --out /work/bar/auto":
             "python -m asr_spec eval --manifest ../shared/data/dev/manifest.jsonl --out OUT/auto",
@@ -177,7 +177,7 @@ def test_commands_are_shown_without_the_machines_paths():
         "x --dev /home/someone/src/asr_spec/../shared/data/dev --out /private/var/folders/ab/T/run/":
             "x --dev ../shared/data/dev --out OUT/run",
         "asr_spec eval --out eval/results/issue39/auto": "asr_spec eval --out eval/results/auto-and-float32/auto",
-        "python eval/ray_dev.py --out eval/results/ray": "python eval/experiments/ray_dev.py --out eval/results/ray",
+        "python eval/experiments/ray_dev.py --out eval/results/ray": "python eval/experiments/ray_dev.py --out eval/results/ray",
         "asr_spec eval --manifest ../shared/data/dev/manifest.jsonl --out eval/out/dev":
             "asr_spec eval --manifest ../shared/data/dev/manifest.jsonl --out eval/out/dev",
     }

@@ -3,7 +3,7 @@
 Speculative == target-only and batch 8 == batch 1 rest on it: a position's numbers must be the same in a 1-token
 step, a verify pass of K+1 tokens, a prompt's prefill and beside any other rows of a batch. BLAS libraries pick
 their kernel, and with it the order of each output's sums, by the call's shapes, the row count included (torch's
-CPU float32 products differ from 2 rows on; cuBLAS's on CUDA; eval/exact_linear.py). Two ways keep rows apart:
+CPU float32 products differ from 2 rows on; cuBLAS's on CUDA; eval/experiments/exact_linear.py). Two ways keep rows apart:
 
 - **fixed blocks**: every call multiplies blocks of exactly ``size`` rows (zero rows added to the last), so every
   call runs the one kernel of that shape and rows, which never mix in a product, keep their bits;
