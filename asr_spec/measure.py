@@ -7,9 +7,12 @@ that width. Which widths pay is measured on the bundled sample: the same decode 
 target-only and speculative in turn, ``ROUNDS`` times; drafting pays where the speculative median is the faster.
 
 A process that must not wait (serve, mic, transcribe) starts with what is kept, else with the guesses
-(``auto.guessed_type``, ``auto.guessed_widths``) and starts this module in the background, at the lowest CPU priority,
-to measure for the processes after it: ``python -m asr_spec.measure`` (the same arguments as the command's model
-options; run it in the foreground to measure now). ``ASR_SPEC_MEASURE=off`` starts nothing (the test suite).
+(``auto.guessed_type``, ``auto.guessed_widths``). A server (serve, mic) also starts this module in the background,
+at the lowest CPU priority, to measure for the processes after it: ``python -m asr_spec.measure`` (the same arguments
+as the command's model options; run it in the foreground to measure now). In the background it measures only while
+the rest of the machine is quiet: a measurement beside a busy process measures that process, and on a 2-core machine
+it slowed a transcription 5x (its torch threads wait for a core the measurement holds). ``eval`` measures before it
+times anything. ``ASR_SPEC_MEASURE=off`` measures nothing (the test suite).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from typing import Callable
 
 import torch
 
@@ -51,26 +55,31 @@ def decode_seconds(rec: Recognizer, memory: Pair[torch.Tensor], width: int, use_
     return time.perf_counter() - t0
 
 
-def measure_widths(target: Whisper, draft: Draft, widths: tuple[int, ...], rounds: int = ROUNDS) -> dict:
-    """Decode seconds by width, target-only and speculative (medians of ``rounds``, in turn after a warm-up)."""
+def measure_widths(target: Whisper, draft: Draft, widths: tuple[int, ...], rounds: int = ROUNDS,
+                   before_each: Callable[[], None] = lambda: None) -> dict:
+    """Decode seconds by width, target-only and speculative (medians of ``rounds``, in turn after a warm-up);
+    ``before_each`` runs before each pair of decodes."""
     rec = Recognizer(target, replace(draft, widths=DraftWidths({1: True}, "always")))
     memory = rec.encode(window(log_mel(load_audio(SAMPLE), target.n_mels), 0)[None].to(target.decoder.device))
     out = {}
     for w in widths:
+        before_each()
         for use_draft in (False, True):  # warm-up: first calls, caches of this width
             decode_seconds(rec, memory, w, use_draft)
         took: dict[bool, list[float]] = {False: [], True: []}
         for _ in range(rounds):
+            before_each()
             for use_draft in (False, True):
                 took[use_draft].append(decode_seconds(rec, memory, w, use_draft))
         out[w] = {"target": statistics.median(took[False]), "spec": statistics.median(took[True])}
     return out
 
 
-def measured_widths(options: ModelOptions, target: Whisper, draft: Draft) -> DraftWidths:
+def measured_widths(options: ModelOptions, target: Whisper, draft: Draft,
+                    before_each: Callable[[], None] = lambda: None) -> DraftWidths:
     """Measure where ``draft`` pays with ``target`` here (now), keep it and return it."""
     kind = torch.device(options.device).type
-    seconds = measure_widths(target, draft, WIDTHS.get(kind, WIDTHS["cpu"]))
+    seconds = measure_widths(target, draft, WIDTHS.get(kind, WIDTHS["cpu"]), before_each=before_each)
     pays = {w: s["spec"] < s["target"] for w, s in seconds.items()}
     key = options.widths_key(target.precision.name)
     write_kept(kept_path(cache_dir(), "draft-widths", key),
@@ -78,17 +87,17 @@ def measured_widths(options: ModelOptions, target: Whisper, draft: Draft) -> Dra
     return DraftWidths(pays)
 
 
-def settle(options: ModelOptions, target: Whisper, draft: Draft | None) -> Draft | None:
+def settle(options: ModelOptions, target: Whisper, draft: Draft | None, background: bool = False) -> Draft | None:
     """After loading: with ``options.measure_now``, measure where the draft pays if that was guessed; otherwise,
-    where a guess stands in (the type, the widths), start the measurement for later processes. Returns the draft with
-    the widths it uses now."""
+    where a guess stands in (the type, the widths), with ``background`` (a server), start the measurement for later
+    processes. Returns the draft with the widths it uses now."""
     guessed = draft is not None and draft.widths.source == "guessed"
     if not measuring():
         return draft
     if options.measure_now and guessed:
         print("speculation: measuring where the draft pays here (once; kept in the cache directory)", file=sys.stderr)
         return replace(draft, widths=measured_widths(options, target, draft))
-    if guessed or target.precision.guessed:
+    if background and (guessed or target.precision.guessed):
         measure_later(options)
     return draft
 
@@ -111,7 +120,7 @@ def measure_later(options: ModelOptions) -> bool:
     cache_dir().mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "asr_spec.measure", "--model", options.model, "--draft", str(options.draft),
             "--device", options.device, "--compute-type", options.compute_type, "--threads", str(options.threads),
-            "--wait-for", str(os.getpid())]
+            "--background"]
     with open(cache_dir() / "measuring.log", "ab") as log:
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                                  preexec_fn=lambda: os.nice(19))
@@ -130,17 +139,27 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
-def wait_idle(pid: int, most: float = 600.0) -> None:
-    """Wait until process ``pid`` (the server that started this) uses less than a tenth of a core, or is gone, or
-    ``most`` seconds passed: a measurement taken beside a busy server measures the server."""
-    deadline = time.monotonic() + most
-    before = cpu_seconds(pid)
-    while before is not None and time.monotonic() < deadline:
-        time.sleep(1.0)
-        now = cpu_seconds(pid)
-        if now is None or now - before < 0.1:
-            return
-        before = now
+def others_busy(seconds: float = 1.0) -> float:
+    """Cores the rest of the machine kept busy over the next ``seconds`` (all CPU time in /proc/stat less this
+    process's own); 0 where the system does not say."""
+    def total() -> float | None:
+        try:
+            fields = open("/proc/stat").readline().split()[1:]
+            return (sum(int(f) for f in fields[:8]) - int(fields[3]) - int(fields[4])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
+    t0, own0 = total(), cpu_seconds(os.getpid()) or 0.0
+    time.sleep(seconds)
+    t1, own1 = total(), cpu_seconds(os.getpid()) or 0.0
+    return 0.0 if t0 is None or t1 is None else max(0.0, (t1 - t0) - (own1 - own0)) / seconds
+
+
+def wait_quiet(most: float = 3600.0, below: float = 0.2) -> None:
+    """Wait until the rest of the machine keeps less than ``below`` of a core busy for two seconds in a row (or
+    ``most`` seconds passed)."""
+    deadline, calm = time.monotonic() + most, 0
+    while calm < 2 and time.monotonic() < deadline:
+        calm = calm + 1 if others_busy() < below else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,17 +169,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--compute-type", default="auto")
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--wait-for", type=int, default=0, help="measure while this process is idle")
+    p.add_argument("--background", action="store_true", help="measure only while the rest of the machine is quiet")
     a = p.parse_args(argv)
-    if a.wait_for:
-        wait_idle(a.wait_for)
+    pause = wait_quiet if a.background else (lambda: None)
     options = ModelOptions(a.model, None if a.draft == "None" else a.draft, a.device, a.compute_type, a.threads)
     try:
-        target, draft = load(options)  # measures auto's type first where it is not kept
-        draft = settle(options, target, draft)
-        if draft is not None:
-            print(f"{target.name}: {draft.widths.describe()}" if draft.widths.source != "guessed" else
-                  f"{target.name}: the draft's widths are not measured", file=sys.stderr)
+        pause()
+        if options.compute_type == "auto" and options.kept_type() is None:
+            options.measure_type(before_each=pause)
+        # where the draft pays at the type it resolves to, and at float32 (transcribe's default) where that differs
+        for o in dict.fromkeys([options, replace(options, compute_type="float32")]):
+            target, draft = load(o)
+            if draft is not None and draft.widths.source == "guessed":
+                draft = replace(draft, widths=measured_widths(o, target, draft, before_each=pause))
+            if draft is not None:
+                print(f"{target.name}: {draft.widths.describe()}", file=sys.stderr)
     finally:
         lock = cache_dir() / LOCK
         if lock.exists() and lock.read_text().strip() == str(os.getpid()):

@@ -43,7 +43,7 @@ def serve(args: argparse.Namespace) -> int:
         return serve_on_ray(settings, keys)
     from asr_spec.server.app import Server
 
-    if (models := load(settings.model_options())) is None:
+    if (models := load(settings.model_options(), background=True)) is None:
         return 1
     target, draft = models
     server = Server.build(settings, keys, target, draft)
@@ -147,7 +147,7 @@ def mic(settings: MicSettings) -> int:
         from ..recognizer import Recognizer
         from ..streaming.engine import Engine
 
-        if (models := load(settings.models.options())) is None:
+        if (models := load(settings.models.options(), background=True)) is None:
             return 1
         print("listening (in-process engine); Ctrl-C to stop", file=sys.stderr)
         with source:

@@ -43,9 +43,10 @@ class ModelSettings:
                             self.threads, self.speculation, measure_now=False)
 
 
-def load(options: ModelOptions) -> tuple[Whisper, Draft | None] | None:
+def load(options: ModelOptions, background: bool = False) -> tuple[Whisper, Draft | None] | None:
     """(target, draft or None) as ``options`` say, or None after printing the error. What this machine has not
-    measured yet (``auto``'s type, where the draft pays) is measured now or in the background (``asr_spec.measure``)."""
+    measured yet (``auto``'s type, where the draft pays) is measured now (``options.measure_now``), or guessed and,
+    with ``background`` (a server: it waits for idle moments), measured by a process of its own (asr_spec.measure)."""
     from ..measure import settle
     from ..models.loader import load as load_models
     from ..models.sources import ModelError
@@ -53,7 +54,7 @@ def load(options: ModelOptions) -> tuple[Whisper, Draft | None] | None:
     t0 = time.perf_counter()
     try:
         target, draft = load_models(options)
-        draft = settle(options, target, draft)
+        draft = settle(options, target, draft, background)
     except ModelError as e:
         print(f"error: {e}", file=sys.stderr)
         return None

@@ -214,11 +214,15 @@ class ModelOptions:
             torch.set_num_threads(self.threads)
         if (kept := self.kept_type()) is not None:
             return kept
-        if not self.measure_now:
-            return auto.guessed_type(self.device)
+        return self.measure_type() if self.measure_now else auto.guessed_type(self.device)
+
+    def measure_type(self, before_each: Callable[[], None] = lambda: None) -> str:
+        """``auto``'s type measured here now (each native type loaded and timed; ``before_each`` runs before each
+        type's measurement), kept in the cache directory."""
         draft = default_draft(self.model)
 
         def measure(name: str) -> float:
+            before_each()
             target = load_target(self.model, self.device, name)
             d = load_draft(draft, target) if draft else None
             return auto.window_seconds(target.encode, target.n_mels, target.decoder, d.decoder if d else None)
