@@ -170,8 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compute-type", default="auto")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--background", action="store_true", help="measure only while the rest of the machine is quiet")
+    p.add_argument("--patience", type=float, default=3600.0,
+                   help="--background: most seconds to wait for a quiet machine before each step (then it measures)")
     a = p.parse_args(argv)
-    pause = wait_quiet if a.background else (lambda: None)
+    pause = (lambda: wait_quiet(a.patience)) if a.background else (lambda: None)
     options = ModelOptions(a.model, None if a.draft == "None" else a.draft, a.device, a.compute_type, a.threads)
     try:
         pause()

@@ -208,7 +208,7 @@ class Transcriber(Recognizer):
         if running is None:
             return None, fallbacks
         task, t0 = running.task, time.perf_counter()
-        live = [running.files[r] for r in task.live]
+        live = [running.files[r.index] for r in task.live]
         task.step()
         self.decoder_passes += bool(live)
         for f in live:

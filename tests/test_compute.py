@@ -9,7 +9,7 @@ from conftest import DEV
 from asr_spec.audio import load_audio
 from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest
 from asr_spec.decoding.sampling import Sampler
-from asr_spec.decoding.speculative import speculative_decode
+from asr_spec.decoding.static import run_decode
 from asr_spec.features import log_mel, window
 from asr_spec.models.compute import ComputeTypeError, int8_kernels, resolve_compute_type, runnable
 from asr_spec.models.linear import CUDA_ROWS, Int8, in_blocks
@@ -144,7 +144,7 @@ def _decode(target, draft, prompts, k, sampler=None, memory=None):
     mem = _memory(len(prompts)) if memory is None else memory
     requests = [RowRequest(p, p.index(v.sot), sample_len=20, key=(i,)) for i, p in enumerate(prompts)]
     o = DecodeOptions(LogitRules.whisper(v, True), v.eot, v.no_speech, sampler or Sampler(), k=k)
-    return speculative_decode(Decoders(target.decoder, draft.decoder if draft else None), Pair(mem, mem), requests, o)
+    return run_decode(Decoders(target.decoder, draft.decoder if draft else None), Pair(mem, mem), requests, o)
 
 
 @pytest.fixture(scope="module", params=TYPES)
@@ -210,7 +210,7 @@ def test_a_row_decodes_to_the_same_bits_alone_and_in_any_company(typed_target):
         requests = [RowRequest(prompts[r], prompts[r].index(v.sot), sample_len=12, memory_length=lengths[r]) for r in rows]
         o = DecodeOptions(LogitRules.whisper(v, True), v.eot, v.no_speech, k=k)
         mem = memory[rows]
-        return [(r.tokens, r.sum_logprob) for r in speculative_decode(Decoders(typed_target.decoder, draft.decoder),
+        return [(r.tokens, r.sum_logprob) for r in run_decode(Decoders(typed_target.decoder, draft.decoder),
                                                                       Pair(mem, mem), requests, o)]
 
     for k in (0, 3):

@@ -10,9 +10,9 @@ import torch
 from asr_spec.decoding.costs import FIRST_TRIES, MAX_PROBE_EVERY, PROBE_EVERY, CostModel
 from asr_spec.decoding.logits import LogitRules
 from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest
-from asr_spec.decoding.speculative import speculative_decode
+from asr_spec.decoding.static import run_decode
 from asr_spec.models.compute import int8_kernels
-from asr_spec.models.kv_decoder import StaticDecoder
+from asr_spec.models.kv_decoder import CachedDecoder
 from asr_spec.models.loader import load_draft
 from asr_spec.models.pair import Pair
 
@@ -56,7 +56,7 @@ def test_rollback_is_just_a_position(tiny_target):
 def test_reduced_head_gives_minus_inf_outside_the_shortlist(tiny_target):
     net = tiny_target.net
     ids = torch.tensor([5, 50, 220, 50257])
-    dec = StaticDecoder(net.model.decoder, net.proj_out.weight[ids], head_ids=ids)
+    dec = CachedDecoder(net.model.decoder, net.proj_out.weight[ids], head_ids=ids)
     full = tiny_target.decoder
     mem = _memory(1)
     tok, pos = torch.tensor([[50258, 50259]]), torch.arange(2)[None]
@@ -117,7 +117,7 @@ def _decode(model, draft, prompts, timestamps, k, sample_len=40, stop_below=0.0,
                         draft_memory_length=draft_view[i] if draft_view else None)
                 for i, p in enumerate(prompts)]
     options = DecodeOptions(LogitRules.whisper(v, timestamps), v.eot, v.no_speech, k=k, stop_below=stop_below)
-    return speculative_decode(Decoders(model.decoder, draft.decoder if draft else None, costs and (lambda _rows: costs)), Pair(mem, mem), requests,
+    return run_decode(Decoders(model.decoder, draft.decoder if draft else None, costs and (lambda _rows: costs)), Pair(mem, mem), requests,
                               options)
 
 
@@ -332,10 +332,10 @@ def test_a_row_that_gives_up_stops_early_and_alone(tiny_target):
     mem = _memory(2)
     rules = DecodeOptions(LogitRules.whisper(v, True), v.eot, v.no_speech)
     requests = [RowRequest(p, p.index(v.sot), sample_len=30) for p in PROMPTS[:2]]
-    alone = speculative_decode(Decoders(tiny_target.decoder), Pair(mem, mem), requests, rules)
+    alone = run_decode(Decoders(tiny_target.decoder), Pair(mem, mem), requests, rules)
     assert len(alone[0].tokens) > 5
     stop = [replace(requests[0], give_up=lambda tokens, new: len(tokens) >= 5), requests[1]]
-    out = speculative_decode(Decoders(tiny_target.decoder), Pair(mem, mem), stop, rules)
+    out = run_decode(Decoders(tiny_target.decoder), Pair(mem, mem), stop, rules)
     assert out[0].tokens == alone[0].tokens[:5] and out[1].tokens == alone[1].tokens
 
 

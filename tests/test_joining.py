@@ -12,8 +12,8 @@ from asr_spec.decoding import static
 from asr_spec.decoding.costs import BatchCosts
 from asr_spec.decoding.logits import LogitRules
 from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest
-from asr_spec.decoding.speculative import DecodingTask, speculative_decode
-from asr_spec.decoding.static import StaticDecodingTask, open_decode
+from asr_spec.decoding.speculative import DecodingTask
+from asr_spec.decoding.static import StaticDecodingTask, open_decode, run_decode
 from asr_spec.models.loader import load_draft
 from asr_spec.models.pair import Pair
 from asr_spec.recognizer import Checks
@@ -91,7 +91,7 @@ def test_a_row_that_joins_gets_the_bits_it_gets_alone(tiny_target, draft, monkey
     o = DecodeOptions(LogitRules.whisper(v, True), v.eot, v.no_speech, k=k, static=kind == "static",
                       keep_cross=kind != "static")
     decoders = Decoders(tiny_target.decoder, draft.decoder, BatchCosts() if adaptive else None)
-    alone = {r: _row(speculative_decode(decoders, _batch([r], short), _requests(v, [r]), o)[0]) for r in range(8)}
+    alone = {r: _row(run_decode(decoders, _batch([r], short), _requests(v, [r]), o)[0]) for r in range(8)}
     monkeypatch.setenv("ASR_SPEC_STATIC", "on" if kind == "static" else "off")
     task = open_decode(decoders, _batch([0, 1], short), _requests(v, [0, 1]), o, room=8)
     assert isinstance(task, StaticDecodingTask) == (kind == "static")
@@ -112,7 +112,7 @@ def test_a_static_decode_takes_rows_only_into_free_slots_of_its_shape(tiny_targe
     o = DecodeOptions(LogitRules.whisper(v, True), v.eot, v.no_speech, k=3, static=True)
     decoders = Decoders(tiny_target.decoder, draft.decoder)
     task = open_decode(decoders, _batch([0, 1], False), _requests(v, [0, 1]), o, room=4)
-    assert isinstance(task, StaticDecodingTask) and task.arena.slots == 4 and task.arena.lock.locked()
+    assert isinstance(task, StaticDecodingTask) and task.arena.size == 4 and task.arena.lock.locked()
     task.start()
     assert task.can_join(_batch([2, 3], False), _requests(v, [2, 3]))
     assert not task.can_join(_batch([2, 3, 4], False), _requests(v, [2, 3, 4]))

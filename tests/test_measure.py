@@ -118,7 +118,8 @@ def test_the_background_measurement_keeps_what_later_processes_load(tmp_path, mo
     tiny_dir = save_tiny(tmp_path / "short", seed=0, max_target_positions=32)  # its decodes end quickly
     env = {**os.environ, "ASR_SPEC_CACHE": str(tmp_path), "ASR_SPEC_MEASURE": "on"}
     done = subprocess.run([sys.executable, "-m", "asr_spec.measure", "--model", str(tiny_dir), "--draft", "layers:0",
-                           "--compute-type", "float32", "--threads", "1", "--background"], env=env, capture_output=True,
+                           "--compute-type", "float32", "--threads", "1", "--background",
+                           "--patience", "5"], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     monkeypatch.setenv("ASR_SPEC_CACHE", str(tmp_path))

@@ -23,8 +23,8 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from asr_spec.decoding.logits import LogitRules
 from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest, RowResult
-from asr_spec.decoding.speculative import speculative_decode
-from asr_spec.models.kv_decoder import StaticDecoder
+from asr_spec.decoding.static import run_decode
+from asr_spec.models.kv_decoder import CachedDecoder
 from asr_spec.models.pair import Pair
 
 V, SOT, NO_SPEECH, EOT = 80, 1, 2, 3
@@ -32,11 +32,11 @@ N = 48  # most new tokens per row: generate's max_new_tokens, our sample_len
 SEED = 7  # with it (and EOT = 3) rows 1 and 3 end on end-of-text mid-way and rows 0 and 2 run to N
 
 
-def _ours(target: StaticDecoder, draft: StaticDecoder | None, target_memory: torch.Tensor,
+def _ours(target: CachedDecoder, draft: CachedDecoder | None, target_memory: torch.Tensor,
           draft_memory: torch.Tensor | None, prompts: list[list[int]], k: int, sample_len: int) -> list[RowResult]:
-    """Our greedy decode with no logit rules: the one call of ``speculative_decode`` in this file."""
+    """Our greedy decode with no logit rules: the one call of ``run_decode`` in this file."""
     requests = [RowRequest(p, 0, sample_len=sample_len) for p in prompts]
-    return speculative_decode(Decoders(target, draft), Pair(target_memory, draft_memory), requests,
+    return run_decode(Decoders(target, draft), Pair(target_memory, draft_memory), requests,
                               DecodeOptions(LogitRules([]), EOT, NO_SPEECH, k=k))
 
 
@@ -57,7 +57,7 @@ def _whisper(seed: int, d_model: int, layers: int) -> WhisperForConditionalGener
     return m
 
 
-def _noisy_copy(m: WhisperForConditionalGeneration, sigma: float, seed: int) -> StaticDecoder:
+def _noisy_copy(m: WhisperForConditionalGeneration, sigma: float, seed: int) -> CachedDecoder:
     """The target's decoder with every matrix perturbed: a draft that agrees with it part of the time."""
     dec = copy.deepcopy(m.model.decoder)
     g = torch.Generator().manual_seed(seed)
@@ -65,7 +65,7 @@ def _noisy_copy(m: WhisperForConditionalGeneration, sigma: float, seed: int) -> 
         for p in dec.parameters():
             if p.dim() == 2:
                 p.add_(torch.randn(p.shape, generator=g) * sigma)
-    return StaticDecoder(dec, dec.embed_tokens.weight)  # Whisper ties its output layer to the embedding
+    return CachedDecoder(dec, dec.embed_tokens.weight)  # Whisper ties its output layer to the embedding
 
 
 @pytest.fixture(scope="module")
@@ -112,10 +112,10 @@ def _build() -> SimpleNamespace:
     ids = torch.tensor(sorted(set(range(0, V, 2)) | {EOT}))
     drafts = {
         "noisy": (noisy, memory),
-        "unrelated": (StaticDecoder(other.model.decoder, other.proj_out.weight), other_memory),
-        "shortlist": (StaticDecoder(noisy.decoder, noisy.head_w[ids], head_ids=ids), memory),
+        "unrelated": (CachedDecoder(other.model.decoder, other.proj_out.weight), other_memory),
+        "shortlist": (CachedDecoder(noisy.decoder, noisy.head_w[ids], head_ids=ids), memory),
     }
-    return SimpleNamespace(target=StaticDecoder(hf.model.decoder, hf.proj_out.weight), memory=memory,
+    return SimpleNamespace(target=CachedDecoder(hf.model.decoder, hf.proj_out.weight), memory=memory,
                            prompts=prompts, out=out, tokens=tokens, ended=ended, sum_logprob=sum_logprob,
                            drafts=drafts, shortlist=set(ids.tolist()))
 

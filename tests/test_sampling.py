@@ -13,8 +13,8 @@ from asr_spec.decoding.costs import CostModel
 from asr_spec.decoding.logits import LogitRules, SuppressAtBegin, SuppressTokens
 from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest, RowStats
 from asr_spec.decoding.sampling import Sampler
-from asr_spec.decoding.speculative import speculative_decode
-from asr_spec.models.kv_decoder import StaticDecoder
+from asr_spec.decoding.static import run_decode
+from asr_spec.models.kv_decoder import CachedDecoder
 from asr_spec.models.pair import Pair
 from asr_spec.models.vocab import WhisperVocab
 
@@ -27,7 +27,7 @@ N = 20000
 FALSE_ALARM = 1e-3  # per chi-square test
 
 
-def _model(seed: int, scale: float) -> StaticDecoder:
+def _model(seed: int, scale: float) -> CachedDecoder:
     torch.manual_seed(seed)
     cfg = WhisperConfig(vocab_size=V, num_mel_bins=8, d_model=16, encoder_layers=1, decoder_layers=1,
                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
@@ -38,7 +38,7 @@ def _model(seed: int, scale: float) -> StaticDecoder:
         for p in m.parameters():
             if p.dim() == 2:
                 p.normal_(0, scale)
-    return StaticDecoder(m.model.decoder, m.proj_out.weight)
+    return CachedDecoder(m.model.decoder, m.proj_out.weight)
 
 
 TARGET = _model(1, 0.5)
@@ -71,7 +71,7 @@ def exact_joint(temperature: float, rules: LogitRules = RULES, prompt: list[int]
 
 
 def sampled(sampler: Sampler, k: int, stop_below: float = 0.0, rows: int = N, stats: list[RowStats] | None = None,
-            draft: StaticDecoder | None = DRAFT, hint: list[int] | None = None, rules: LogitRules = RULES,
+            draft: CachedDecoder | None = DRAFT, hint: list[int] | None = None, rules: LogitRules = RULES,
             prompt: list[int] = PROMPT, length: int = 2, costs: CostModel | None = None) -> list[tuple[int, ...]]:
     """N sampled continuations of ``length`` tokens (end-of-text padded), row i keyed (i,), decoded in
     batches of ``rows`` (small batches let the draft length vary from batch to batch)."""
@@ -79,7 +79,7 @@ def sampled(sampler: Sampler, k: int, stop_below: float = 0.0, rows: int = N, st
     out = []
     for start in range(0, N, rows):
         requests = [RowRequest(prompt, 0, hint=hint or [], sample_len=length, key=(start + i,)) for i in range(rows)]
-        out += speculative_decode(Decoders(TARGET, draft, costs and (lambda _rows: costs)), Pair(MEMORY.expand(rows, -1, -1), MEMORY.expand(rows, -1, -1)), requests, options)
+        out += run_decode(Decoders(TARGET, draft, costs and (lambda _rows: costs)), Pair(MEMORY.expand(rows, -1, -1), MEMORY.expand(rows, -1, -1)), requests, options)
     if stats is not None:
         stats += [r.stats for r in out]
     return [tuple((r.tokens + [VOCAB.eot] * length)[:length]) for r in out]
@@ -145,13 +145,13 @@ def test_the_same_seed_gives_the_same_tokens_at_any_draft_length():
     """Target alone, K = 1 and 3, drafting stopped early, a chosen draft length, a shortlist draft and hints:
     row for row the same 6 sampled tokens; another seed gives other tokens."""
     ids = torch.tensor(sorted(set(range(0, V, 3)) | {VOCAB.eot, VOCAB.no_timestamps}))
-    short = StaticDecoder(DRAFT.decoder, DRAFT.head_w[ids], head_ids=ids)
+    short = CachedDecoder(DRAFT.decoder, DRAFT.head_w[ids], head_ids=ids)
     memory = Pair(MEMORY.expand(64, -1, -1), MEMORY.expand(64, -1, -1))
 
     def run(draft, k, seed=5, hint=(), stop_below=0.0, costs=None):
         requests = [RowRequest(TS_PROMPT, 0, hint=list(hint), sample_len=6, key=(i,)) for i in range(64)]
         o = DecodeOptions(TS_RULES, VOCAB.eot, VOCAB.no_speech, Sampler(0.8, seed), k, stop_below)
-        return [r.tokens for r in speculative_decode(Decoders(TARGET, draft, costs and (lambda _rows: costs)), memory, requests, o)]
+        return [r.tokens for r in run_decode(Decoders(TARGET, draft, costs and (lambda _rows: costs)), memory, requests, o)]
 
     alone = run(None, 0)
     assert len({tuple(t) for t in alone}) > 20  # the rows really sample
@@ -196,7 +196,7 @@ def test_adaptive_draft_length_keeps_sampling_exact():
 def test_a_reduced_vocabulary_draft_keeps_sampling_exact():
     """The draft proposes among 18 of the 48 tokens (its own columns); the target still gets p exactly."""
     ids = torch.tensor(sorted(set(range(0, V, 3)) | {VOCAB.eot, VOCAB.no_timestamps}))
-    short = StaticDecoder(DRAFT.decoder, DRAFT.head_w[ids], head_ids=ids)
+    short = CachedDecoder(DRAFT.decoder, DRAFT.head_w[ids], head_ids=ids)
     samples = sampled(Sampler(1.0, seed=5), 3, draft=short)
     assert {s[0] for s in samples} - set(ids.tolist())  # the target's corrections reach other tokens
     assert_exact(samples, exact_joint(1.0))

@@ -10,8 +10,8 @@ from asr_spec.decoding import static
 from asr_spec.decoding.logits import LogitRules
 from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest
 from asr_spec.decoding.sampling import Sampler
-from asr_spec.decoding.speculative import decode_capacity, speculative_decode
-from asr_spec.decoding.static import StaticDecodingTask, bucket, decode_rows, eligible
+from asr_spec.decoding.speculative import DecodingTask, decode_capacity
+from asr_spec.decoding.static import StaticDecodingTask, bucket, eligible, run_decode
 from asr_spec.models.loader import load_draft
 from asr_spec.models.pair import Pair
 
@@ -51,8 +51,8 @@ def eager(target, draft, rows, k, **kw):
     v = target.vocab
     mem = _memory()[rows]
     return [(r.tokens, r.sum_logprob, r.no_speech_prob, r.stats.target_passes) for r in
-            speculative_decode(Decoders(target.decoder, draft.decoder), Pair(mem, mem),
-                               _requests(v, rows, kw.get("draft_memory", False)), _options(v, k, kw.get("timestamps", True)))]
+            DecodingTask(Decoders(target.decoder, draft.decoder), Pair(mem, mem),
+                         _requests(v, rows, kw.get("draft_memory", False)), _options(v, k, kw.get("timestamps", True))).run()]
 
 
 @pytest.mark.parametrize("k", [0, 1, 3])
@@ -76,16 +76,16 @@ def test_batch_8_equals_batch_1_and_the_arena_is_reused_and_grows(tiny_target, d
     static._ARENAS.clear()
     alone = {r: _run(StaticDecodingTask, tiny_target, draft, [r], 3)[0][0] for r in range(8)}
     first = next(iter(static._ARENAS[tiny_target.decoder].values()))
-    assert first.slots == 1
+    assert first.size == 1
     _run(StaticDecodingTask, tiny_target, draft, [5], 3)
     assert next(iter(static._ARENAS[tiny_target.decoder].values())) is first  # reused
-    largest, arenas = 1, {first.slots: first}
+    largest, arenas = 1, {first.size: first}
     for company in ([7, 2], [0, 1, 2, 3, 4, 5, 6, 7], [6, 3, 1], [7, 6, 5, 4, 3, 2, 1]):
         got, task = _run(StaticDecodingTask, tiny_target, draft, company, 3)
         largest = max(largest, len(company))
         # grown to the bucket of the largest batch so far (2, then 8), then reused for the smaller ones
-        assert task.arena.slots == bucket(largest), (company, task.arena.slots)
-        assert arenas.setdefault(task.arena.slots, task.arena) is task.arena, company
+        assert task.arena.size == bucket(largest), (company, task.arena.size)
+        assert arenas.setdefault(task.arena.size, task.arena) is task.arena, company
         for place, r in enumerate(company):
             assert got[place][:3] == alone[r][:3], (company, r)
 
@@ -99,18 +99,20 @@ def test_slots_are_claimed_freed_and_compacted_in_place(tiny_target, draft):
     task = StaticDecodingTask(Decoders(tiny_target.decoder, draft.decoder), Pair(mem, mem), _requests(v, range(8)),
                               _options(v, 3))
     a = task.arena
-    addresses = [t.data_ptr() for t in a.tensors()]
-    assert a.slots == 8 and torch.equal(a.seq[:8, :3], task.seq[:, :3])
+    s = a.slots
+    addresses = [t.data_ptr() for t in s.tensors()]
+    assert a.size == 8 and task.slots is s and torch.equal(s.seq[:8, :3], torch.tensor([p[:3] for p in
+                                                                                       (PROMPTS * 2)]))
     task.prefill()
-    marker = a.t.self_k[0][5].clone()
+    marker = s.target.self_k[0][5].clone()
     task.finish([(1, False), (3, False), (4, False)])  # slots 1, 3, 4 free: 5, 6, 7 move into them
-    assert task.live == [0, 5, 2, 6, 7] and task.seq.shape[0] == 5
-    assert torch.equal(a.t.self_k[0][1], marker)  # slot 5's cache now in slot 1
-    assert [t.data_ptr() for t in a.tensors()] == addresses  # compacted in place
-    idle = a.n[5:].clone(), a.seq[:5].clone()
+    assert [r.index for r in task.live] == [0, 5, 2, 6, 7] and task.view().seq.shape[0] == 5
+    assert torch.equal(s.target.self_k[0][1], marker)  # slot 5's cache now in slot 1
+    assert [t.data_ptr() for t in s.tensors()] == addresses  # compacted in place
+    idle = s.n[5:].clone(), s.seq[:5].clone()
     read = a.run_pass(5)  # bucket 8: slots 5..7 idle
     assert len(read) == 5 and all(row[1] >= 1 for row in read)  # every live row took a token
-    assert torch.equal(a.n[5:], idle[0]) and not torch.equal(a.seq[:5], idle[1])  # idle slots do not move
+    assert torch.equal(s.n[5:], idle[0]) and not torch.equal(s.seq[:5], idle[1])  # idle slots do not move
     assert [bucket(m) for m in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
 
 
@@ -130,16 +132,16 @@ def test_what_the_static_path_takes(tiny_target, draft, monkeypatch):
     assert not eligible(d, Pair(mem, mem), plain, replace(_options(v, 3), sampler=Sampler(0.5)))
     assert not eligible(d, Pair(mem, mem), plain, replace(_options(v, 3), attention_heads=((0, 0),)))
     assert not eligible(d, Pair(mem, mem), plain, replace(_options(v, 3), static=False))  # not asked (streams)
-    on = [r.tokens for r in decode_rows(d, Pair(mem, mem), plain, _options(v, 3))]
+    on = [r.tokens for r in run_decode(d, Pair(mem, mem), plain, _options(v, 3))]
     arena = static.arena_for(d, 3, _options(v, 3), 2, Pair(mem, mem),
-                             decode_capacity(tiny_target.decoder.max_positions, 3))  # the one decode_rows used
+                             decode_capacity(tiny_target.decoder.max_positions, 3))  # the one run_decode used
     with arena.lock:  # another thread's decode holds the arena: this one runs eagerly, the arena untouched
-        before = arena.seq.clone()
-        assert [r.tokens for r in decode_rows(d, Pair(mem, mem), plain, _options(v, 3))] == on
-        assert torch.equal(arena.seq, before)
+        before = arena.slots.seq.clone()
+        assert [r.tokens for r in run_decode(d, Pair(mem, mem), plain, _options(v, 3))] == on
+        assert torch.equal(arena.slots.seq, before)
     monkeypatch.setenv("ASR_SPEC_STATIC", "off")
     assert not eligible(d, Pair(mem, mem), plain, _options(v, 3))
-    assert [r.tokens for r in decode_rows(d, Pair(mem, mem), plain, _options(v, 3))] == on
+    assert [r.tokens for r in run_decode(d, Pair(mem, mem), plain, _options(v, 3))] == on
     monkeypatch.setenv("ASR_SPEC_STATIC", "auto")
     assert not eligible(d, Pair(mem, mem), plain, _options(v, 3))  # auto: CUDA only
     monkeypatch.setenv("ASR_SPEC_STATIC", "maybe")

@@ -42,10 +42,3 @@ def advance(seq: torch.Tensor, n: torch.Tensor, state: RuleState, sample_len: to
     cut = torch.where(ended, eot.long().argmax(dim=1) + 1, take)
     seq.scatter_(1, n[:, None] + steps, emitted)
     return cut, ended, state.after(emitted, o.rules.begin).take(cut), n + cut
-
-
-def host_row(accepted: torch.Tensor, cut: torch.Tensor, ended: torch.Tensor, emitted: torch.Tensor,
-             token_lp: torch.Tensor) -> torch.Tensor:
-    """What the host reads of a pass, one row per batch row: accepted, cut, ended, the emitted tokens, their
-    log-probabilities (float64: token ids and log-probabilities both exact)."""
-    return torch.cat([torch.stack([accepted, cut, ended.long()], 1).double(), emitted.double(), token_lp.double()], 1)

@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from ..models.kv_decoder import CrossKV, StaticDecoder
+from ..models.kv_decoder import CachedDecoder, CrossKV
 from .budget import PassClock
 from .costs import CostModel
 from .logits import LogitRules
@@ -97,7 +97,7 @@ class RowResult:
 
 @dataclass
 class Decoders:
-    target: StaticDecoder
-    draft: StaticDecoder | None = None
+    target: CachedDecoder
+    draft: CachedDecoder | None = None
     costs: Callable[[int], CostModel] | None = None  # the measured costs of a pass over n rows (None: always k)
     clock: PassClock | None = None  # times each phase of every pass (eval/pass_budget.py)

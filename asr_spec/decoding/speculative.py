@@ -1,28 +1,31 @@
-"""The draft/verify loop: speculative decoding of a batch of Whisper prompts.
+"""The draft/verify loop: speculative decoding of a batch of Whisper prompts, pass by pass.
 
 Per pass, each row: the draft proposes up to K tokens, the target scores all K+1 positions in one forward pass,
 the sampler accepts the drafts that match the target's own choice (greedy, or Gumbel-max with noise keyed by
 position: see ``sampling``), and the row advances by accepted + 1 tokens. Rows advance by different amounts (ragged)
 and leave the batch when they finish. Without a draft (or K = 0) the same loop is plain target decoding.
-:class:`DecodingTask` owns one decode: ``prefill``, then passes of ``propose``, ``verify`` and ``commit``.
 
-The loop's own work stays on the device: Whisper's rules read each row's history as a :class:`RuleState` (no token
-lists), acceptance, the end-of-text cut and the caches' new lengths are tensor operations, and a pass reads the host
-once (``commit``: each row's accepted count, new tokens and their log-probabilities, in one transfer). The host
-keeps the rows' token lists and statistics from that read.
+:class:`DecodingTask` owns one decode: the host's part — one :class:`Row` per request, what the pass is asked
+(hints, the adaptive draft length, the sampler's noise, the draft's early stop) and what its one read says — around
+the pass's device work, which lives in passes.py and runs on the decode's :class:`~asr_spec.decoding.slots.Slots`.
+The static decode (static.py) is this task with its slots in an arena and each pass replayed as a CUDA graph.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
-from ..models.kv_decoder import CrossKV
+from ..models.kv_decoder import CrossKV, KVCache
 from ..models.pair import Pair
+from . import passes
 from .budget import phase
 from .costs import CostModel, wall_clock
-from .joining import JoinRows, move_rows
-from .judging import advance, host_row, judge
+from .joining import JoinRows
+from .passes import PassRead
 from .recording import HeadRecorder
 from .rows import DecodeOptions, Decoders, RowRequest, RowResult, RowStats
+from .slots import Slots
 
 HINT_K = 8  # most hint tokens verified per pass
 
@@ -32,78 +35,92 @@ def decode_capacity(max_pos: int, k: int) -> int:
     return max_pos + max(k, HINT_K) + 2
 
 
+@dataclass
+class Row:
+    """One request's host state in a decode (its device state is its slot in ``Slots``)."""
+
+    index: int  # its place among the decode's requests
+    request: RowRequest
+    length: int  # tokens its slot holds (prompt + sampled): the host's copy of ``Slots.n``
+    sampled: list[int]  # the prefix, then the tokens sampled after it
+    hint: list[int]  # a guess of its continuation, ending with end-of-text ([]: none)
+    sot_pending: bool  # its prompt ends with <|startoftranscript|>: its no-speech probability comes with its 1st pass
+    drafted_to: int = 0  # tokens the draft's cache holds
+    generated: int = 0  # tokens sampled after the prefix
+    following: bool = False  # its tokens so far are its hint's
+    sum_logprob: float = 0.0
+    no_speech_prob: float = 0.0
+    stats: RowStats = field(default_factory=RowStats)
+    logprobs: list[float] = field(default_factory=list)
+    result: RowResult | None = None
+
+    def tokens_left(self, max_pos: int) -> int:
+        """Tokens it may still add: its sample_len counts the prefix, the decoder has ``max_pos`` positions."""
+        return min(self.request.sample_len - len(self.sampled), max_pos + 1 - self.length)
+
+    def hinted(self) -> bool:
+        """Whether it proposes its hint's next tokens this pass (it still follows the hint, which has more)."""
+        return self.following and len(self.hint) > self.generated
+
+
 class DecodingTask(JoinRows):
-    """One decode of a batch. Batch state (``seq``, ``n``, ``state``, caches; ``n_host``, ``dn``) holds the live
-    rows in order; per-row lists are indexed by the row's place in ``requests``."""
+    """One decode of a batch: ``rows`` (one per request, in request order), ``live`` (those still decoding, in the
+    order of their slots), ``slots`` (the device state, the live rows first)."""
 
     def __init__(self, decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest],
-                 options: DecodeOptions, cross: Pair[CrossKV | None] = Pair(None), room: int = 0):
+                 options: DecodeOptions, cross: Pair[CrossKV | None] = Pair(None), room: int = 0,
+                 slots: Slots | None = None):
         o = self.o = options
-        self.target = decoders.target
+        self.decoders, self.target, self.clock = decoders, decoders.target, decoders.clock
         self.draft = decoders.draft if o.k > 0 else None
         self.k = o.k if self.draft is not None else 0
         self.costs = decoders.costs if self.draft is not None else None
-        self.clock = decoders.clock
-        self.decoders = decoders
-        self.requests = list(requests)
-        dev = self.dev = self.target.device
-        self.prompts = [r.prompt + r.prefix for r in requests]
+        self.dev = self.target.device
         self.max_pos = self.target.max_positions
-        if (longest := max(map(len, self.prompts))) > self.max_pos:
+        prompts = [r.prompt + r.prefix for r in requests]
+        if (longest := max(map(len, prompts))) > self.max_pos:
             raise ValueError(f"prompt + prefix of {longest} tokens exceeds the decoder's {self.max_pos} positions")
         b = len(requests)
-        capacity = decode_capacity(self.max_pos, self.k)
+        self.capacity = decode_capacity(self.max_pos, self.k)
         lengths = None
         if any(r.memory_length is not None for r in requests):
             lengths = [memories.target.shape[1] if r.memory_length is None else r.memory_length for r in requests]
-        self.capacity = capacity
-        # the caches hold ``room`` rows (rows join into the rows after the live ones); the live rows are the first
-        self.room_rows = max(b, room)
-        self.t_room = self.target.new_cache(memories.target, capacity, lengths, cross.target).grown(self.room_rows)
-        self.t_cache = self.t_room.rows(b)
-        # the draft's cache is built on its first pass: a decode whose passes are all measured to pay best without
-        # the draft (K = 0) costs what target-only decoding does
-        self.d_room = self.d_cache = None
-        self.d_memory, self.d_lengths = self._draft_view(memories.draft, lengths)
+        self.reserved = max(b, room)  # slots the decode holds: its rows, and rows that join after them
+        self.rows = [Row(i, r, len(p), list(r.prefix), r.hint + [o.eot] if r.hint else [],
+                         r.sot_index == len(p) - 1, following=bool(r.hint)) for i, (r, p) in enumerate(zip(requests, prompts))]
+        self.live = list(self.rows)
+        # the draft's memory: each row's own length, or less where its ``draft_memory_length`` says so
+        self.d_memory, self.d_lengths = memories.draft, lengths
+        if memories.draft is not None and any(r.draft_memory_length is not None for r in requests):
+            full = lengths or [memories.draft.shape[1]] * b
+            self.d_lengths = [n if r.draft_memory_length is None else max(1, min(n, r.draft_memory_length))
+                              for r, n in zip(requests, full)]
+            self.d_memory = memories.draft[:, :max(self.d_lengths)]
         self.d_cross = cross.draft
-        self.steps = torch.arange(capacity, device=dev)
-        self.seq = torch.full((b, capacity), o.eot, dtype=torch.long, device=dev)
-        self.seq[:, :longest] = torch.tensor([p + [o.eot] * (longest - len(p)) for p in self.prompts])  # one copy
-        self.n_host = [len(p) for p in self.prompts]  # tokens in each live row (the host's copy of ``n``)
-        self.n = torch.tensor(self.n_host, device=dev)
-        self.dn = [0] * b  # tokens the draft's cache holds, per live row
-        self.state = o.rules.state([r.prefix for r in requests], dev)  # what the rules read of each live row
-        self.sample_len = torch.tensor([r.sample_len for r in requests], device=dev)
-        self.live = list(range(b))  # request index of each live row
-        self.hints = [r.hint + [o.eot] if r.hint else [] for r in requests]  # a hypothesis ends
-        self.sampled = [list(r.prefix) for r in requests]
-        self.generated = [0] * b  # tokens sampled after the prefix
-        self.following = [bool(h) for h in self.hints]  # the row's tokens so far match its hint
-        self.sum_logprob = [0.0] * b
-        self.no_speech_prob = [0.0] * b
-        self.stats = [RowStats() for _ in range(b)]
-        self.results: list[RowResult | None] = [None] * b
-        self.sot_pending = [r for r, q in enumerate(requests) if q.sot_index == len(self.prompts[r]) - 1]
-        self.logprobs: list[list[float]] = [[] for _ in requests]
+        if slots is None:  # the eager loop's own: the target's cache now, the draft's at its first pass
+            t = self.target.new_cache(memories.target, self.capacity, lengths, cross.target).grown(self.reserved)
+            slots = Slots.empty(self.reserved, self.capacity, t, None)
+        self.slots = slots
+        self._write_rows(prompts, longest)
         self.recorder = HeadRecorder(o.attention_heads, b)
         self.built = 0.0  # seconds of this pass spent building the draft's cache (once per decode)
         self.ended: list[int] = []  # requests finished since ``collect`` was last called
 
-    def _draft_view(self, memory: torch.Tensor | None, lengths: list[int] | None
-                    ) -> tuple[torch.Tensor | None, list[int] | None]:
-        """The draft's memory and row lengths: each row's own length, or less where its ``draft_memory_length``
-        says so; the memory cut to the longest of them."""
-        if memory is None or all(r.draft_memory_length is None for r in self.requests):
-            return memory, lengths
-        full = lengths or [memory.shape[1]] * len(self.requests)
-        view = [n if r.draft_memory_length is None else max(1, min(n, r.draft_memory_length))
-                for r, n in zip(self.requests, full)]
-        return memory[:, :max(view)], view
+    def _write_rows(self, prompts: list[list[int]], longest: int) -> None:
+        """The rows' prompts, lengths, rule states and budgets into their slots (0..B-1)."""
+        b, s = len(prompts), self.slots
+        s.seq[:b, :longest] = torch.tensor([p + [self.o.eot] * (longest - len(p)) for p in prompts], device=self.dev)
+        s.n[:b] = torch.tensor([len(p) for p in prompts], device=self.dev)
+        s.sample_len[:b] = torch.tensor([r.request.sample_len for r in self.rows], device=self.dev)
+        s.first(b).set_rules(self.o.rules.state([r.request.prefix for r in self.rows], self.dev))
 
-    def room(self, i: int) -> int:
-        """Tokens live row i may still add: its sample_len counts the prefix, the target has max_pos positions."""
-        r = self.live[i]
-        return min(self.requests[r].sample_len - len(self.sampled[r]), self.max_pos + 1 - self.n_host[i])
+    @property
+    def requests(self) -> list[RowRequest]:
+        return [r.request for r in self.rows]
+
+    def view(self) -> Slots:
+        """The live rows' device state (the first slots)."""
+        return self.slots.first(len(self.live))
 
     @torch.inference_mode()
     def run(self) -> list[RowResult]:
@@ -111,12 +128,12 @@ class DecodingTask(JoinRows):
         self.start()
         while self.live:
             self.step()
-        return [r for r in self.results if r is not None]
+        return [r.result for r in self.rows if r.result is not None]
 
     @torch.inference_mode()
     def start(self) -> None:
         self.prefill()
-        self.finish([(i, False) for i in range(len(self.live)) if self.room(i) <= 0])  # a prefix fills the room
+        self.finish([(i, False) for i, r in enumerate(self.live) if r.tokens_left(self.max_pos) <= 0])
 
     @torch.inference_mode()
     def step(self) -> None:
@@ -130,9 +147,9 @@ class DecodingTask(JoinRows):
         self.built = 0.0
         t0, m = (self.clock.start_pass() if self.clock else 0.0), len(self.live)
         costs = self.costs(m) if self.costs is not None else None
-        drafts, noise, chosen, hinted = self.propose(costs)
-        accepted, emitted, token_lp = self.verify(drafts, noise)
-        tokens = self.commit(accepted, emitted, token_lp, hinted, chosen or 0)
+        proposals, noise, chosen, hinted = self.propose(costs)
+        reads = self.verify(proposals, noise)
+        tokens = self.book(reads, hinted, chosen or 0, proposals.shape[1])
         if costs is not None and chosen is not None and not any(hinted):  # a pass's cost, not the decode's setup
             costs.record(chosen, tokens, now() - started - self.built)
         if self.clock:
@@ -142,173 +159,129 @@ class DecodingTask(JoinRows):
         """The requests that finished since the last call and their results (which the decode then forgets: one
         that rows keep joining holds only its live rows' tensors)."""
         ended, self.ended = self.ended, []
-        taken = [(r, self.results[r]) for r in ended]
-        for r in ended:
-            self.results[r] = None
+        taken = [(i, self.rows[i].result) for i in ended]
+        for i in ended:
+            self.rows[i].result = None
         return taken
 
     def close(self) -> None:
         """The decode is over (a static decode gives its arena back)."""
 
-    def fresh(self, memories: Pair[torch.Tensor], requests: list[RowRequest]) -> "DecodingTask":
+    def fresh(self, memories: Pair[torch.Tensor], requests: list[RowRequest]) -> DecodingTask:
         """A decode of other rows with these decoders and options (rows to join this one)."""
         return DecodingTask(self.decoders, memories, requests, self.o)
 
     def prefill(self) -> None:
-        """Everything but each prompt's last token (that one is fed with the first drafts). The no-speech
+        """Everything but each prompt's last token (that one is fed with the first proposals). The no-speech
         probability is read at <|startoftranscript|>: here, or in the first pass when the prompt ends with it."""
-        width = max(self.n_host) - 1
+        width = max(r.length for r in self.live) - 1
         if not width:
             return
-        b = len(self.live)
-        pos = self.steps[:width].expand(b, width)
-        at = torch.tensor([r.sot_index for r in self.requests], device=self.dev).clamp(max=width - 1)[:, None]
+        at = torch.tensor([min(r.request.sot_index, width - 1) for r in self.live], device=self.dev)[:, None]
         scores = self.recorder.scores()
-        with phase(self.clock, "prefill"):
-            first = self.target(self.t_cache, self.seq[:, :width], pos, at, cross_scores=scores)
-        self.recorder.record(scores, self.live,
-                             [range(len(r.prompt) - 1, len(p) - 1) for r, p in zip(self.requests, self.prompts)], 0)
-        self.no_speech_prob = torch.softmax(first[:, 0].float(), dim=-1)[:, self.o.no_speech].tolist()
+        no_speech = passes.prefill(self.target, None, self.view(), width, at, self.o, fixed=False, scores=scores,
+                                   clock=self.clock)
+        self.recorder.record(scores, [r.index for r in self.live],
+                             [range(len(r.request.prompt) - 1, r.length - 1) for r in self.live], 0)
+        for r, p in zip(self.live, no_speech.tolist()):
+            r.no_speech_prob = p
 
     def noise(self, step: int) -> torch.Tensor | None:
         """The sampler's noise for every live row's token ``step`` places after its current end."""
-        keys = [self.requests[r].key for r in self.live]
-        return self.o.sampler.noise(keys, [n + step for n in self.n_host], self.target.vocab_size, self.dev)
+        keys = [r.request.key for r in self.live]
+        return self.o.sampler.noise(keys, [r.length + step for r in self.live], self.target.vocab_size, self.dev)
 
-    def propose(self, costs: CostModel | None
-                ) -> tuple[torch.Tensor, list[torch.Tensor | None], int | None, list[bool]]:
+    def propose(self, costs: CostModel | None) -> tuple[torch.Tensor, list[torch.Tensor | None], int | None, list[bool]]:
         """The pass's proposals [m, kk]: the rows' hints while every live row still follows its own, else up to
         K draft tokens (as many as ``costs`` measures to pay most), the rows that still follow their hint proposing
         its next tokens instead; the sampler's noise at each of the kk + 1 positions the target will choose; the
         draft length chosen (None: hints only); which rows propose their hint."""
-        rows = self.live
-        hinted = [self.following[r] and len(self.hints[r]) > self.generated[r] for r in rows]
+        hinted = [r.hinted() for r in self.live]
         if all(hinted):
-            width = min(HINT_K, max(len(self.hints[r]) - self.generated[r] for r in rows))
-            return self._hinted(torch.empty(len(rows), width, dtype=torch.long, device=self.dev), hinted), \
-                [self.noise(j) for j in range(width + 1)], None, hinted
+            width = min(HINT_K, max(len(r.hint) - r.generated for r in self.live))
+            proposals = self._hinted(torch.empty(len(self.live), width, dtype=torch.long, device=self.dev), hinted)
+            return proposals, [self.noise(j) for j in range(width + 1)], None, hinted
         want = self.k if costs is None else costs.choose(self.k)  # the draft length measured to pay most
-        drafts, noise = self.draft_tokens(want) if want else (torch.empty(len(rows), 0, dtype=torch.long,
-                                                                          device=self.dev), [])
+        if want:
+            proposals, noise = self.draft_tokens(want)
+        else:
+            proposals, noise = torch.empty(len(self.live), 0, dtype=torch.long, device=self.dev), []
         if any(hinted):  # a row's own hint is a better guess than the draft's (streaming: the last hypothesis)
-            drafts = self._hinted(drafts, hinted)
-        return drafts, noise + [self.noise(drafts.shape[1])], want, hinted
+            proposals = self._hinted(proposals, hinted)
+        return proposals, noise + [self.noise(proposals.shape[1])], want, hinted
 
-    def _hinted(self, drafts: torch.Tensor, hinted: list[bool]) -> torch.Tensor:
-        """``drafts`` [m, kk] with the ``hinted`` rows' next kk hint tokens in place (end-of-text after the hint)."""
-        kk, eot = drafts.shape[1], self.o.eot
+    def _hinted(self, proposals: torch.Tensor, hinted: list[bool]) -> torch.Tensor:
+        """``proposals`` [m, kk] with the ``hinted`` rows' next kk hint tokens in place (end-of-text after the hint)."""
+        kk, eot = proposals.shape[1], self.o.eot
         for i, r in enumerate(self.live):
             if hinted[i]:
-                g = self.generated[r]
-                drafts[i] = torch.tensor((self.hints[r][g:g + kk] + [eot] * kk)[:kk], device=self.dev)
-        return drafts
+                proposals[i] = torch.tensor((r.hint[r.generated:r.generated + kk] + [eot] * kk)[:kk], device=self.dev)
+        return proposals
 
     def draft_tokens(self, k: int) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
-        """Up to ``k`` draft tokens per live row [m, kk], chosen like the target chooses (same rules, same noise).
-        The draft first catches up on the tokens its cache lacks (positions dn..n-1, ragged: rows with a
-        shorter gap re-feed cached positions, which is harmless)."""
-        draft, m, o = self.draft, len(self.live), self.o
-        if self.d_cache is None:  # the first draft pass: the draft catches up on every token from position 0
+        """Up to ``k`` draft tokens per live row (``passes.draft``), the draft catching up first on every token its
+        cache lacks; its first pass builds its cache (once per decode: not what a draft length costs)."""
+        if self.slots.draft is None:
             now = wall_clock(self.dev)
             t0 = now()
             self.build_draft_cache()
-            self.built = now() - t0  # once per decode: not what a draft length costs
-        width = max(n - d for n, d in zip(self.n_host, self.dn))
-        fpos = ((self.n - width)[:, None] + self.steps[:width]).clamp(min=0)
-        feed = self.seq.gather(1, fpos)
-        cols = draft.columns  # the draft works in its own output columns (a shortlist, or all tokens)
-        proposals = torch.empty(m, k, dtype=torch.long, device=self.dev)
-        noises: list[torch.Tensor | None] = []
-        state, drafted = self.state, k
-        for j in range(k):
-            with phase(self.clock, "draft"):
-                logits = draft(self.d_cache, feed, fpos, fpos.new_full((m, 1), feed.shape[1] - 1), shortlist=True)[:, 0]
-            with phase(self.clock, "rules"):
-                processed = o.rules(logits.float(), state, cols)
-            noise = self.noise(j)
-            noises.append(noise)
-            with phase(self.clock, "acceptance"):
-                c = o.sampler.choose(processed, noise if noise is None or cols.ids is None else noise[:, cols.ids])
-                x = c if cols.ids is None else cols.ids[c]
-                proposals[:, j] = x
-            if o.stop_below > 0 and j + 1 < k:
-                with phase(self.clock, "acceptance"):
-                    belief = torch.softmax(processed, dim=-1).gather(1, c[:, None])
-                with phase(self.clock, "host"):
-                    stop = bool((belief < o.stop_below).all())
-                if stop:
-                    drafted = j + 1
-                    break
-            state = state.push(x, o.rules.begin)
-            feed, fpos = x[:, None], (self.n + j)[:, None]
-        return proposals[:, :drafted], noises
+            self.built = now() - t0
+        catch_up = max(r.length - r.drafted_to for r in self.live)
+        return passes.draft(self.draft, self.view(), k, self.o, catch_up, fixed=False, noise=self.noise,
+                            stop=self._stop if self.o.stop_below > 0 else None, clock=self.clock)
+
+    def _stop(self, processed: torch.Tensor, chosen: torch.Tensor) -> bool:
+        """The draft stops proposing once it believes every live row's proposal less than ``stop_below``."""
+        with phase(self.clock, "acceptance"):
+            belief = torch.softmax(processed, dim=-1).gather(1, chosen[:, None])
+        with phase(self.clock, "host"):
+            return bool((belief < self.o.stop_below).all())
 
     def build_draft_cache(self) -> None:
-        """The draft's caches of the live rows, empty (it catches up from position 0)."""
+        """The draft's caches of the live rows, empty (it catches up from position 0); its rows past them for rows
+        that join."""
         memory, lengths = self.d_memory, self.d_lengths
-        rows = torch.tensor(self.live, dtype=torch.long, device=memory.device)
+        rows = torch.tensor([r.index for r in self.live], dtype=torch.long, device=memory.device)
         cross = None if self.d_cross is None else \
             self.d_cross.map(lambda t: t[:, :, :memory.shape[1]].index_select(0, rows))
         with phase(self.clock, "draft"):
-            self.d_room = self.draft.new_cache(memory.index_select(0, rows), self.capacity,
-                                               [lengths[r] for r in self.live] if lengths else None,
-                                               cross).grown(self.room_rows)
-            self.d_cache = self.d_room.rows(len(self.live))
+            self.slots.draft = self.draft.new_cache(memory.index_select(0, rows), self.capacity,
+                                                    [lengths[r.index] for r in self.live] if lengths else None,
+                                                    cross).grown(self.slots.size)
 
-    def verify(self, drafts: torch.Tensor, noise: list[torch.Tensor | None]
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One target pass over the last token and the kk drafts: per row (device tensors), the drafts accepted
-        [m], the kk + 1 tokens it would emit (accepted drafts, then the target's own) and their log-probabilities."""
-        kk = drafts.shape[1]
-        n, o = self.n, self.o
-        feed = torch.cat([self.seq.gather(1, (n - 1)[:, None]), drafts], dim=1)
+    def verify(self, proposals: torch.Tensor, noise: list[torch.Tensor | None]) -> list[PassRead]:
+        """The target's pass over the live rows' proposals (``passes.verify``) and the host's one read of it."""
+        kk = proposals.shape[1]
         scores = self.recorder.scores()
-        with phase(self.clock, "target"):
-            logits = self.target(self.t_cache, feed, (n - 1)[:, None] + self.steps[:kk + 1], cross_scores=scores)
+        read = passes.verify(self.target, self.view(), proposals, self.o,
+                             None if noise[0] is None else torch.stack(noise, 1), scores=scores, clock=self.clock)
         # rejected positions are recorded again when the pass after feeds them
-        self.recorder.record(scores, self.live, [range(p - 1, p + kk) for p in self.n_host], None)
-        if self.sot_pending:  # first pass of prompts ending with <|sot|>
-            place = {r: i for i, r in enumerate(self.live)}
-            pending = [r for r in self.sot_pending if r in place]
-            probs = torch.softmax(logits[[place[r] for r in pending], 0], dim=-1)[:, o.no_speech].tolist()
-            for r, prob in zip(pending, probs):
-                self.no_speech_prob[r] = prob
-            self.sot_pending = []
-        return judge(logits, drafts, self.state, o, None if noise[0] is None else torch.stack(noise, 1), self.clock)
+        self.recorder.record(scores, [r.index for r in self.live], [range(r.length - 1, r.length + kk) for r in self.live],
+                             None)
+        with phase(self.clock, "host"):
+            values = read.tolist()
+        return [PassRead(v, kk + 1) for v in values]
 
-    def commit(self, accepted: torch.Tensor, emitted: torch.Tensor, token_lp: torch.Tensor, hinted: list[bool],
-               drafted: int) -> float:
-        """Append each row's accepted tokens (cut at end-of-text and at its room), keep the statistics, retire
-        finished rows. ``hinted``: the rows that proposed their hint; ``drafted``: tokens the draft proposed this
-        pass (its cache holds the rows' tokens up to their start). Returns the tokens emitted per row."""
-        # on the device: how many tokens each row takes (its room, end-of-text), its tokens into ``seq`` (past them
-        # only stale positions), its new length and rule state
-        cut, ended, self.state, self.n = advance(self.seq, self.n, self.state, self.sample_len, self.max_pos,
-                                                 accepted, emitted, self.o)
-        with phase(self.clock, "host"):  # the pass's one read: per row accepted, cut, ended, tokens, log-probabilities
-            read = host_row(accepted, cut, ended, emitted, token_lp).tolist()
-        return self.book(read, hinted, drafted, emitted.shape[1])
-
-    def book(self, read: list[list[float]], hinted: list[bool], drafted: int, width: int) -> float:
-        """The host's part of a pass from its one read (per live row: accepted, cut, ended, the ``width`` tokens
-        emitted, their log-probabilities): each row's tokens and statistics; rows that are done leave. Returns the
-        tokens emitted per row."""
-        m, kk = len(read), width - 1
+    def book(self, reads: list[PassRead], hinted: list[bool], drafted: int, kk: int) -> float:
+        """The host's part of a pass from its one read: each live row's tokens and statistics; rows that are done
+        leave. ``hinted``: the rows that proposed their hint; ``drafted``: tokens the draft proposed this pass (its
+        cache holds the rows' tokens up to their start); ``kk``: the proposals per row. Returns the tokens emitted
+        per row."""
         done, total = [], 0
-        for i, r in enumerate(self.live):
-            a, c, end = int(read[i][0]), int(read[i][1]), read[i][2] > 0
+        for i, (r, read) in enumerate(zip(self.live, reads)):
+            a, c = read.accepted, read.cut
             if c < 1:  # every pass gives a live row a token: a row that took none would never finish
-                raise RuntimeError(f"a decode pass gave row {r} no token (its state on the device is not its own)")
-            left_i = min(self.requests[r].sample_len - len(self.sampled[r]), self.max_pos + 1 - self.n_host[i])
-            new = [int(t) for t in read[i][3:3 + c]]
-            lps = read[i][3 + width:3 + width + c]
-            st = self.stats[r]
+                raise RuntimeError(f"a decode pass gave row {r.index} no token (its state on the device is not its own)")
+            left = r.tokens_left(self.max_pos)
+            st = r.stats
             st.target_passes += 1
             judged = min(a, c)
+            if r.sot_pending:  # the first pass of a prompt ending with <|sot|>
+                r.no_speech_prob, r.sot_pending = read.no_speech, False
             if hinted[i]:
                 st.hint_accepted += judged
                 if drafted:  # the draft caught up to the row's start; its proposals after it were not used
-                    self.dn[i] = self.n_host[i]
+                    r.drafted_to = r.length
             else:
                 st.drafted += kk
                 st.accepted += judged
@@ -316,20 +289,20 @@ class DecodingTask(JoinRows):
                 if a < kk and c == a + 1:
                     st.rejected += 1
                 if kk:
-                    self.dn[i] = self.n_host[i] + min(a, kk - 1)
-            self.sum_logprob[r] += sum(lps)
-            self.logprobs[r] += lps
-            self.n_host[i] += c
-            if self.following[r]:
-                self.following[r] = self.hints[r][self.generated[r]:self.generated[r] + c] == new
-            self.sampled[r].extend(new)
-            self.generated[r] += c
+                    r.drafted_to = r.length + min(a, kk - 1)
+            r.sum_logprob += sum(read.logprobs)
+            r.logprobs += read.logprobs
+            r.length += c
+            if r.following:
+                r.following = r.hint[r.generated:r.generated + c] == read.tokens
+            r.sampled.extend(read.tokens)
+            r.generated += c
             total += c
-            give_up = self.requests[r].give_up
-            if end or c >= left_i or (give_up is not None and give_up(self.sampled[r], c)):
-                done.append((i, end))
+            give_up = r.request.give_up
+            if read.ended or c >= left or (give_up is not None and give_up(r.sampled, c)):
+                done.append((i, read.ended))
         self.finish(done)
-        return total / m
+        return total / len(reads)
 
     def finish(self, done: list[tuple[int, bool]]) -> None:
         """Record the results of live rows ``done`` (index, ended with end-of-text) and drop them from the batch."""
@@ -337,54 +310,31 @@ class DecodingTask(JoinRows):
             return
         for i, ended in done:
             r = self.live[i]
-            self.ended.append(r)
-            tokens = self.sampled[r][:-1] if ended else list(self.sampled[r])
-            self.stats[r].tokens = len(tokens)
-            self.results[r] = RowResult(tokens, self.sum_logprob[r], self.no_speech_prob[r], self.stats[r],
-                                        self._cross_of(i),
-                                        self.recorder.result(r, len(self.requests[r].prompt) - 1, len(tokens)),
-                                        self.logprobs[r][:len(tokens) - len(self.requests[r].prefix)])
+            self.ended.append(r.index)
+            tokens = r.sampled[:-1] if ended else list(r.sampled)
+            r.stats.tokens = len(tokens)
+            r.result = RowResult(tokens, r.sum_logprob, r.no_speech_prob, r.stats, self._cross_of(i),
+                                 self.recorder.result(r.index, len(r.request.prompt) - 1, len(tokens)),
+                                 r.logprobs[:len(tokens) - len(r.request.prefix)])
         gone = {i for i, _ in done}
         k = len(self.live) - len(gone)
         keep = list(range(k))  # the rows after the live ones move into the places of those that leave
         for hole, row in zip([i for i in range(k) if i in gone], [i for i in range(k, len(self.live)) if i not in gone]):
             keep[hole] = row
-        if not keep:
-            self.live = []
-            return
         self.live = [self.live[i] for i in keep]
-        self.n_host, self.dn = [self.n_host[i] for i in keep], [self.dn[i] for i in keep]
-        self.keep(keep)
+        if keep:
+            self.keep(keep)
 
     def keep(self, rows: list[int]) -> None:
-        """Only the batch rows ``rows`` stay in the device state, as its rows 0, 1, ... (the caches move only the rows
-        whose place changes)."""
-        idx = torch.tensor(rows, dtype=torch.long, device=self.dev)
-        self.seq, self.n, self.sample_len = self.seq[idx], self.n[idx], self.sample_len[idx]
-        self.state = self.state.select(idx)
-        for room in (self.t_room, self.d_room):
-            if room is not None:
-                move_rows(room.tensors(), rows)
-                if room.cross_lengths is not None:
-                    room.cross_lengths[:len(rows)] = [room.cross_lengths[i] for i in rows]
-        self.t_cache = self.t_room.rows(len(rows))
-        self.d_cache = None if self.d_room is None else self.d_room.rows(len(rows))
+        """Only the live rows ``rows`` stay on the device, as its rows 0, 1, ... (moved in place; only the rows whose
+        place changes)."""
+        self.slots.compact(rows)
 
     def _cross_of(self, i: int) -> CrossKV | None:
-        """Live row i's cross-attention keys and values (a copy: its row's place is taken by others)."""
+        """Live row i's cross-attention keys and values (a copy: its slot is taken by others)."""
         if not self.o.keep_cross:
             return None
-        end = self.t_cache.cross_lengths[i] if self.t_cache.cross_lengths else self.t_cache.cross_k[0].shape[2]
-        return CrossKV(self.t_cache.cross_k, self.t_cache.cross_v).map(lambda t: t[i:i + 1, :, :end].clone())
+        t: KVCache = self.slots.target
+        end = t.cross_lengths[i] if t.cross_lengths else t.cross_k[0].shape[2]
+        return CrossKV(t.cross_k, t.cross_v).map(lambda x: x[i:i + 1, :, :end].clone())
 
-
-@torch.inference_mode()
-def speculative_decode(decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest],
-                       options: DecodeOptions, cross: Pair[CrossKV | None] = Pair(None)) -> list[RowResult]:
-    """Decode one continuation per request. ``memories`` are the encoder outputs [B, S, D] the target and the
-    draft cross-attend to (rows padded together when their ``memory_length`` differ). A pass drafts at most
-    ``options.k`` tokens (fewer when ``decoders.costs`` measures fewer to pay, or the draft's belief falls
-    below ``stop_below``); while every live row still follows its ``hint``, passes verify hint tokens
-    instead (free drafts). The target verifies whatever was proposed, so none of this changes the output. ``cross``:
-    the target's and the draft's cross-attention keys and values of ``memories``, where computed before."""
-    return DecodingTask(decoders, memories, requests, options, cross).run()

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from .compute import amx, int8_kernels, native_bfloat16
-from .kv_decoder import StaticDecoder
+from .kv_decoder import CachedDecoder
 
 PASSES = 12  # speculative passes per window: a dev utterance's 26 tokens at ~2.2 per pass
 K = 3  # draft steps per pass (the default draft length)
@@ -39,8 +39,8 @@ def native_types(device: str | torch.device = "cpu") -> list[str]:
 
 
 @torch.inference_mode()
-def window_seconds(encode: Callable[[torch.Tensor], torch.Tensor], n_mels: int, target: StaticDecoder,
-                   draft: StaticDecoder | None, rounds: int = 3) -> float:
+def window_seconds(encode: Callable[[torch.Tensor], torch.Tensor], n_mels: int, target: CachedDecoder,
+                   draft: CachedDecoder | None, rounds: int = 3) -> float:
     """Seconds of one window at a loaded type: the encoder on 30 s, then ``PASSES`` passes of ``K`` draft steps and a
     verify of K + 1 tokens over a cache of a typical length (median of ``rounds``, after a warm-up)."""
     dev = target.device

@@ -1,4 +1,4 @@
-"""A Whisper decoder with static KV caches, per-row positions and ragged batches.
+"""A Whisper decoder with preallocated KV caches (rollback is a position), per-row positions and ragged batches.
 
 Each row of a batch writes its new tokens at its own positions; a query at position p attends to the
 cached keys at positions <= p. Entries beyond a row's current length are stale and invisible, so
@@ -198,7 +198,7 @@ class _Layer:
             norm(layer.final_layer_norm)
 
 
-class StaticDecoder:
+class CachedDecoder:
     """Runs a transformers ``WhisperDecoder`` and an output layer ``head`` [n, d] over a :class:`KVCache`.
 
     With ``head_ids`` the output layer covers only that token shortlist (row i scores token head_ids[i]:
@@ -276,17 +276,17 @@ class StaticDecoder:
     @torch.inference_mode()
     def __call__(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
                  logits_at: torch.Tensor | None = None, shortlist: bool = False,
-                 cross_scores: dict[int, torch.Tensor] | None = None, static: bool = False) -> torch.Tensor:
+                 cross_scores: dict[int, torch.Tensor] | None = None, fixed: bool = False) -> torch.Tensor:
         """Feed ``tokens`` [B, T] at ``positions`` [B, T]; return logits [B, T', V] at the time
         indices ``logits_at`` [B, T'] (all T when None). ``cross_scores`` {layer: None, ...} is filled with
-        those layers' cross-attention scores before the softmax [B, H, T, S] (word timestamps). ``static``: attend
+        those layers' cross-attention scores before the softmax [B, H, T, S] (word timestamps). ``fixed``: attend
         over the whole self-attention cache, masked (as an exact decoder does), so that no shape depends on the
         positions and the call never reads the device (a CUDA graph's capture)."""
         b, t = tokens.shape
         dec = self.decoder
         pos = positions.clamp(max=self.max_positions - 1)
         x = (dec.embed_tokens(tokens) + dec.embed_positions.weight[pos]).to(self.dtype)
-        keys = cache.self_k[0].shape[2] if self.exact or static else int(positions.max()) + 1
+        keys = cache.self_k[0].shape[2] if self.exact or fixed else int(positions.max()) + 1
         mask = torch.arange(keys, device=tokens.device)[None, None, None, :] <= positions[:, None, :, None]
         pad = max(0, EXACT_QUERIES - t) if self.exact else 0
         if pad:  # zero queries that see every key; their outputs are dropped

@@ -14,7 +14,7 @@ from torch import nn
 
 from . import EMBEDDED, auto
 from .compute import Precision, machine, resolve_compute_type
-from .kv_decoder import StaticDecoder
+from .kv_decoder import CachedDecoder
 from .linear import quantize_linears
 from .network import Config, DecoderLayer, Network, load_network
 from .sources import ModelError, cache_dir, generation_config, is_embedded, resolve
@@ -29,7 +29,7 @@ class Whisper:
 
     net: Network
     tokenizer: WhisperTokenizer
-    decoder: StaticDecoder
+    decoder: CachedDecoder
     encoder: nn.Module
     name: str
     precision: Precision = Precision("float32", torch.float32, False)
@@ -71,7 +71,7 @@ class AnyLengthEncoder(nn.Module):
 class Draft:
     """A draft decoder. ``encoder`` is None when it reads the target's encoder output (shared)."""
 
-    decoder: StaticDecoder
+    decoder: CachedDecoder
     encoder: nn.Module | None
     name: str
     net: Network  # its network (a decoder alone, or a full smaller Whisper), for peers such as assisted generation
@@ -116,7 +116,7 @@ def load_target(spec: str = EMBEDDED, device: str = "cpu", compute_type: str | P
     tokenizer = WhisperTokenizer.from_dir(path, generation, net.config.vocab_size)
     how = ", auto: a guess, not measured here yet" if p.guessed else ", auto" if compute_type == "auto" else ""
     name = str(spec) if p.name == "float32" and not how else f"{spec} ({p.name}{how})"
-    return Whisper(net, tokenizer, StaticDecoder(net.model.decoder, net.proj_out.weight, int8="rows" if p.int8 else None,
+    return Whisper(net, tokenizer, CachedDecoder(net.model.decoder, net.proj_out.weight, int8="rows" if p.int8 else None,
                                                  exact=True),
                    AnyLengthEncoder(net.model.encoder, p.int8), name, p, generation)
 
@@ -259,7 +259,7 @@ def load_draft(spec: str, target: Whisper, int8: bool | None = None) -> Draft:
     # anyway, and bfloat16 attention over one query takes a slow path (draft step at int8_bfloat16: 0.92 ms in
     # bfloat16, 0.62 in float32; AMD EPYC, 2 threads)
     compute = torch.float32 if int8 and device.type == "cpu" else dtype
-    decoder = lambda net, head, ids=None: StaticDecoder(net, head, ids, int8=quant, dtype=compute)  # noqa: E731
+    decoder = lambda net, head, ids=None: CachedDecoder(net, head, ids, int8=quant, dtype=compute)  # noqa: E731
     if spec.startswith("layers:"):
         layers = [int(i) for i in spec.split(":", 1)[1].split(",") if i.strip()]
         net = truncated_draft(target, layers)
@@ -310,8 +310,8 @@ def distilled_decoder(target: Whisper, layers: int) -> Network:
 
 
 def load_distilled(path: Path, target: Whisper,
-                   decoder: Callable[..., StaticDecoder] = StaticDecoder) -> Draft:
-    """A draft saved by ``asr_spec distill`` (``decoder``: how its :class:`StaticDecoder` is built)."""
+                   decoder: Callable[..., CachedDecoder] = CachedDecoder) -> Draft:
+    """A draft saved by ``asr_spec distill`` (``decoder``: how its :class:`CachedDecoder` is built)."""
     from safetensors.torch import load_file
 
     meta = json.loads((path / DRAFT_META).read_text())

@@ -5,7 +5,7 @@ transformers Whisper directory (``config.json`` + ``model.safetensors``) loads h
 transformers itself is not imported: it costs ~4 s of a process's start (AMD EPYC, 2 cores), more than a short
 file's whole transcription. The encoder's forward is transformers' (eager and SDPA) operation for operation, so its
 bits are the same (tests/test_models.py); the decoder's inference runs in :class:`~asr_spec.models.kv_decoder.
-StaticDecoder`, which reads these modules' weights; :meth:`Decoder.forward` (causal, whole sequences) is what
+CachedDecoder`, which reads these modules' weights; :meth:`Decoder.forward` (causal, whole sequences) is what
 ``asr_spec distill`` trains.
 """
 from __future__ import annotations

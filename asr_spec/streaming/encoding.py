@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..features import HOP, N_FRAMES, encoder_frames, log_mel, log_mel_frames, scaled, window
-from ..models.kv_decoder import CrossKV, StaticDecoder
+from ..models.kv_decoder import CachedDecoder, CrossKV
 from ..models.stream_encoder import EncoderCache, Tail, encode_tails, first_frame
 from ..recognizer import EncoderWindow, Recognizer
 
@@ -40,7 +40,7 @@ class Encoded:
 class _FrozenCross:
     """A decoder's cross-attention keys and values of a buffer's frozen positions."""
 
-    def __init__(self, decoder: StaticDecoder):
+    def __init__(self, decoder: CachedDecoder):
         self.decoder = decoder
         self.kv: CrossKV | None = None
 
@@ -59,7 +59,7 @@ class _FrozenCross:
             self.kv = self.kv.map(lambda t: t[:, :, :positions]) if positions else None
 
 
-def cross_kv_of(decoder: StaticDecoder, memories: list[torch.Tensor]) -> list[CrossKV]:
+def cross_kv_of(decoder: CachedDecoder, memories: list[torch.Tensor]) -> list[CrossKV]:
     """``decoder``'s cross-attention keys and values of each memory [1, S_i, D], all in one call per layer (a
     position's depend on its own output only: the same numbers as one memory at a time, its layers being row-exact)."""
     if not memories:

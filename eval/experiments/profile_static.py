@@ -108,7 +108,7 @@ def main() -> None:
             d, cols = arena.draft, arena.draft.columns
             pos = torch.zeros(1, 1, dtype=torch.long, device=device)
             tok = torch.full((1, 1), rec.vocab.sot, dtype=torch.long, device=device)
-            step = lambda: d(arena.d.rows(1), tok, pos, pos, shortlist=True, static=True)  # noqa: E731
+            step = lambda: d(arena.slots.draft.rows(1), tok, pos, pos, shortlist=True, fixed=True)  # noqa: E731
             logits = step()[:, 0].float()
             rules = lambda: arena.o.rules(logits.clone(), arena.rule_state(1), cols)  # noqa: E731
             row |= {"draft step kernels": kernels(step, device), "draft rules kernels": kernels(rules, device),

@@ -28,7 +28,7 @@ from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditiona
 from asr_spec.decoding.static import capture
 from asr_spec.evaluation.provenance import provenance
 from asr_spec.models.compute import resolve_compute_type
-from asr_spec.models.kv_decoder import StaticDecoder
+from asr_spec.models.kv_decoder import CachedDecoder
 
 LARGE_V3 = dict(vocab_size=51866, num_mel_bins=128, d_model=1280, decoder_layers=32, decoder_attention_heads=20,
                 decoder_ffn_dim=5120, encoder_layers=1, encoder_attention_heads=20, encoder_ffn_dim=5120,
@@ -59,9 +59,9 @@ def measure(compute_type: str, device: str, graphs: bool = False) -> dict:
     target_hf = WhisperForConditionalGeneration(cfg).to(device, p.float).eval()
     draft_hf = WhisperForCausalLM(WhisperConfig(**LARGE_V3 | {"decoder_layers": 2})).to(device, p.float).eval()
     cpu = torch.device(device).type == "cpu"
-    target = StaticDecoder(target_hf.model.decoder, target_hf.proj_out.weight, int8="rows" if p.int8 else None,
+    target = CachedDecoder(target_hf.model.decoder, target_hf.proj_out.weight, int8="rows" if p.int8 else None,
                            exact=True)
-    draft = StaticDecoder(draft_hf.model.decoder, draft_hf.proj_out.weight, int8="tensor" if cpu else None,
+    draft = CachedDecoder(draft_hf.model.decoder, draft_hf.proj_out.weight, int8="tensor" if cpu else None,
                           dtype=torch.float32 if cpu else p.float)
     memory = torch.randn(1, 1500, 1280, device=device)
     tokens = torch.randint(0, 50000, (1, 48), device=device)

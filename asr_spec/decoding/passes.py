@@ -1,0 +1,115 @@
+"""A speculative pass and a prefill, over a decode's device state (:class:`~asr_spec.decoding.slots.Slots`).
+
+A pass, for ``b`` rows: the draft catches up on each row's last ``catch_up`` tokens and proposes up to ``k`` (``draft``),
+or the rows' hints stand in for proposals; the target scores the last token and the proposals in one forward, Whisper's
+rules apply at every position with that position's own history, acceptance picks each row's tokens (``verify``), each
+row advances over them, cut at end-of-text and at its budget, and the pass packs what the host reads (``PassRead``).
+The eager loop (speculative.py) calls these functions; the static decode (static.py) calls the very same at fixed
+addresses, with a fixed draft length and a catch-up of two tokens, and captures each call as a CUDA graph. Nothing here
+reads the host, except a draft's early stop where its caller asks for one.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..models.kv_decoder import CachedDecoder
+from .budget import PassClock, phase
+from .judging import advance, judge
+from .rows import DecodeOptions
+from .slots import Slots
+
+Noise = Callable[[int], "torch.Tensor | None"]  # the sampler's noise at the j-th position after each row's end
+
+
+class PassRead:
+    """The host's one read of a pass, a row per live row (float64: token ids and log-probabilities both exact):
+    drafts accepted, tokens taken (``cut``), whether the row ended, the pass's ``width`` emitted tokens, their
+    log-probabilities, and the no-speech probability at the pass's first position (a prompt that ends with
+    <|startoftranscript|> reads it there)."""
+
+    HEAD = 3  # accepted, cut, ended
+
+    def __init__(self, values: list[float], width: int):
+        self.accepted, self.cut, self.ended = int(values[0]), int(values[1]), values[2] > 0
+        self.tokens = [int(t) for t in values[self.HEAD:self.HEAD + self.cut]]
+        self.logprobs = values[self.HEAD + width:self.HEAD + width + self.cut]
+        self.no_speech = values[self.HEAD + 2 * width]
+
+    @staticmethod
+    def columns(width: int) -> int:
+        return PassRead.HEAD + 2 * width + 1
+
+    @staticmethod
+    def pack(accepted: torch.Tensor, cut: torch.Tensor, ended: torch.Tensor, emitted: torch.Tensor,
+             token_lp: torch.Tensor, no_speech: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.stack([accepted, cut, ended.long()], 1).double(), emitted.double(), token_lp.double(),
+                          no_speech[:, None].double()], 1)
+
+
+def draft(decoder: CachedDecoder, s: Slots, k: int, o: DecodeOptions, catch_up: int, fixed: bool,
+          noise: Noise | None = None, stop: Callable[[torch.Tensor, torch.Tensor], bool] | None = None,
+          clock: PassClock | None = None) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """Up to ``k`` draft tokens per row [b, kk], chosen as the target chooses (the same rules, the same noise). The
+    draft first feeds each row's last ``catch_up`` tokens (the positions its cache lacks; a row with a shorter gap
+    re-feeds cached positions, which is harmless). ``fixed``: the decoder's shapes do not depend on the positions (a
+    static decode's). ``stop`` (proposals' processed logits, choices) -> True ends drafting early (it reads the host)."""
+    b, steps = s.n.shape[0], torch.arange(catch_up, device=s.n.device)
+    fpos = (s.n[:, None] - catch_up + steps).clamp(min=0)
+    feed, at = s.seq.gather(1, fpos), fpos.new_full((b, 1), catch_up - 1)
+    cols, state = decoder.columns, s.rule_state()
+    proposals, noises = [], []
+    for j in range(k):
+        with phase(clock, "draft"):
+            logits = decoder(s.draft, feed, fpos, at, shortlist=True, fixed=fixed)[:, 0]
+        with phase(clock, "rules"):
+            processed = o.rules(logits.float(), state, cols)
+        nz = noise(j) if noise is not None else None
+        noises.append(nz)
+        with phase(clock, "acceptance"):
+            c = o.sampler.choose(processed, nz if nz is None or cols.ids is None else nz[:, cols.ids])
+            x = c if cols.ids is None else cols.ids[c]
+        proposals.append(x)
+        if stop is not None and j + 1 < k and stop(processed, c):
+            break
+        state = state.push(x, o.rules.begin)
+        feed, fpos, at = x[:, None], (s.n + j)[:, None], at.new_zeros(b, 1)
+    return (torch.stack(proposals, 1) if proposals else s.n.new_empty(b, 0)), noises
+
+
+def verify(target: CachedDecoder, s: Slots, proposals: torch.Tensor, o: DecodeOptions,
+           noise: torch.Tensor | None = None, live: torch.Tensor | None = None,
+           scores: dict[int, torch.Tensor | None] | None = None, clock: PassClock | None = None
+           ) -> torch.Tensor:
+    """The target over each row's last token and its ``proposals`` [b, kk]; acceptance; each row's advance over
+    the tokens it takes, written in place into ``s`` (``live``: only the rows where it is True move; the others'
+    writes land past their length, stale). ``noise`` [b, kk + 1, V]: the sampler's, at each position. ``scores``:
+    the recorded layers' cross-attention scores, filled. Returns the pass's :class:`PassRead` rows [b, columns]."""
+    kk = proposals.shape[1]
+    steps = torch.arange(kk + 1, device=s.n.device)
+    feed = torch.cat([s.seq.gather(1, (s.n - 1)[:, None]), proposals], dim=1)
+    with phase(clock, "target"):
+        logits = target(s.target, feed, (s.n - 1)[:, None] + steps, cross_scores=scores)
+    no_speech = torch.softmax(logits[:, 0].float(), dim=-1)[:, o.no_speech]
+    state = s.rule_state()
+    accepted, emitted, token_lp = judge(logits, proposals, state, o, noise, clock)
+    cut, ended, new, n = advance(s.seq, s.n, state, s.sample_len, target.max_positions, accepted, emitted, o)
+    s.n.copy_(n if live is None else torch.where(live, n, s.n))
+    s.set_rules(new, live)
+    return PassRead.pack(accepted, cut, ended, emitted, token_lp, no_speech)
+
+
+def prefill(target: CachedDecoder, drafter: CachedDecoder | None, s: Slots, width: int, sot_at: torch.Tensor,
+            o: DecodeOptions, fixed: bool, scores: dict[int, torch.Tensor | None] | None = None,
+            clock: PassClock | None = None) -> torch.Tensor:
+    """Both decoders over each row's first ``width`` tokens (``drafter`` None: the draft catches up in its first
+    pass instead); returns each row's no-speech probability at its ``sot_at`` (``sot_at`` [b, 1]; returned [b]). Positions past a row's
+    prompt get stale entries, which its passes overwrite before reading them."""
+    b = s.n.shape[0]
+    pos = torch.arange(width, device=s.n.device).expand(b, width)
+    with phase(clock, "prefill"):
+        first = target(s.target, s.seq[:, :width], pos, sot_at, cross_scores=scores)
+        if drafter is not None:
+            drafter(s.draft, s.seq[:, :width], pos, pos[:, :1], shortlist=True, fixed=fixed)
+    return torch.softmax(first[:, 0].float(), dim=-1)[:, o.no_speech]
