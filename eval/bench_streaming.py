@@ -47,6 +47,7 @@ from asr_spec.evaluation.streaming import (
     MAX_FINAL_LATENCY_S,
     EngineProbe,
     Log,
+    OpCount,
     TimedWord,
     largest_real_time,
     missing_words,
@@ -109,7 +110,7 @@ def capacity(tr: Transcriber, engine: Engine, dev: DataSet, n: int, seconds: flo
     sessions = [dev.session(seconds, 7 * i) for i in range(n)]
     audios = [s.audio for s in sessions]
     with server_around(engine, config) as server:
-        busy0, probe = engine.busy_s, EngineProbe(engine)
+        busy0, probe, ops = engine.busy_s, EngineProbe(engine), OpCount(engine)
         rec = engine.recognizer
         calls0, passes0, ticks0 = rec.encoder_calls, rec.decoder_passes, engine.ticks
         logs, wall = run_clients(f"ws://127.0.0.1:{server.port}", audios)
@@ -124,7 +125,8 @@ def capacity(tr: Transcriber, engine: Engine, dev: DataSet, n: int, seconds: flo
            "queue_wait_max_s": pct(waits, 1.0),
            # target-encoder forwards (retries included) and target passes per engine step that decoded
            "encoder_calls_per_tick": round((rec.encoder_calls - calls0) / ticks, 3),
-           "decoder_passes_per_tick": round((rec.decoder_passes - passes0) / ticks, 3), "ticks": ticks}
+           "decoder_passes_per_tick": round((rec.decoder_passes - passes0) / ticks, 3), "ticks": ticks,
+           **ops.figures()}
     return row | session_words(tr, sessions, logs)
 
 
@@ -222,6 +224,8 @@ COLUMNS: list[tuple[str, Callable[[dict], object]]] = [
     ("old: final median / p90 s", lambda r: spread(r, "final_latency_linear")),
     ("encoder calls / decoder passes per tick", lambda r: f"{r.get('encoder_calls_per_tick', '—')} / "
                                                           f"{r.get('decoder_passes_per_tick', '—')}"),
+    ("torch operations per tick / per stream-step", lambda r: f"{r.get('ops_per_tick', '—')} / "
+                                                               f"{r.get('ops_per_stream_step', '—')}"),
     ("words timed", lambda r: r["words"]),
     ("words missing / offline", lambda r: f"{r['words_missing']} / {r['words_offline']}"),
     ("close lag max s", lambda r: r["close_lag_max_s"]),

@@ -113,13 +113,19 @@ class Server:
         return self.overloaded()
 
     def overloaded(self) -> str | None:
-        """Why the engine cannot take one more real-time speaker (its measured cost per second of audio times the
-        open sessions plus one exceeds ``max_load``), or None. A server with no session always takes one."""
+        """Why the engine cannot take one more real-time speaker, or None: every open session counts (measured or
+        just admitted), against how many real-time streams the engine carries at the step a stream takes under load
+        (``Engine.carried``: fitted from what its steps cost by rows and new audio, keeping it busy at most
+        ``max_load`` of the time). A server with no session always takes one; before the engine has measured
+        anything, ``max_sessions`` alone decides."""
         n, limit = len(self.connections), self.config.max_load
-        if limit is None or not n or (cost := self.engine.cost()) is None or (n + 1) * cost <= limit:
+        if limit is None or not n:
             return None
-        return (f"full: the engine spends {cost:.3f} s per second of audio; {n + 1} real-time sessions would need "
-                f"{(n + 1) * cost:.0%} of it (limit {limit:.0%})")
+        step = self.engine.config.max_step_s or self.config.step_s
+        if (carried := self.engine.carried(step, limit)) is None or n + 1 <= carried:
+            return None
+        return (f"full: the engine carries about {carried} real-time sessions (re-decoded every {step:g} s, busy at "
+                f"most {limit:.0%} of the time, as its decodes have cost); {n} are open")
 
     async def health(self, request: Request) -> Response:
         """Readiness, for load balancers (open: they probe without a key): 200 ``ok``, or 503 and the reason while

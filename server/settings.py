@@ -40,9 +40,9 @@ class ServeSettings(BaseSettings):
         "more simultaneous sessions are refused (0: what the device serves in real time with final latency <= 3 s, "
         "as measured: 2 per CPU core with AMX, else 1 per core; 16 on CUDA)"))
     max_load: float = Field(1.0, ge=0, description=(
-        "a new session is also refused (server_full; /health 503) when the engine's measured cost per second of "
-        "audio x (open sessions + 1) exceeds this share of its time: one more speaker would fall behind real time "
-        "(0: no load check, only --max-sessions)"))
+        "a new session is also refused (server_full; /health 503) when the open sessions + 1 exceed the real-time "
+        "sessions the engine carries, as measured from what its steps cost, at the step a stream takes under load, "
+        "busy at most this share of the time (0: no load check, only --max-sessions)"))
     max_sessions_per_client: int = Field(0, ge=0, description=(
         "sessions one client may hold, per address and per key (0: half of --max-sessions)"))
     api_key_file: str | None = Field(None, description=(

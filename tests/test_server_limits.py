@@ -30,6 +30,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from asr_spec.audio import load_audio
+from asr_spec.streaming.config import EngineConfig
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import Transcriber
 
@@ -302,40 +303,120 @@ def _health(port: int) -> tuple[int, str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("max_load", [1e-6, None])
-def test_a_server_whose_engine_cannot_take_one_more_speaker_refuses_the_next(tiny_target, max_load):
-    """Admission by measured load: once the engine has measured what a second of audio costs it, a new session is
-    refused with server_full (and /health is 503, saying why) when the open sessions + 1 times that cost exceed
-    ``max_load`` (here set so low that the engine can never take a second speaker); with no load check the same
-    second session is taken. A server with no open session takes one either way (/health 200 again)."""
+def test_a_server_whose_engine_cannot_take_one_more_speaker_refuses_the_next(short_target, max_load):
+    """Admission by what the engine carries: once it has measured what its steps cost, a new session is refused with
+    server_full (and /health is 503, saying why) when the open sessions + 1 exceed the real-time sessions it carries
+    at ``max_load`` (here so low that it carries none); with no load check the same second session is taken. A server
+    with no open session takes one either way (/health 200 again)."""
     jfk = load_audio(DEV / "jfk-inaugural-1961-ask-not.wav")
-    speech = (np.concatenate([jfk, jfk])[:16 * 16000] * 32767).astype(np.int16).tobytes()
-    with running(tiny_target, max_sessions=8, max_load=max_load) as srv:
+    speech = (np.tile(jfk, 4)[:40 * 16000] * 32767).astype(np.int16).tobytes()
+    stop = threading.Event()
+    with running(short_target, max_sessions=8, max_load=max_load) as srv:
         assert _health(srv.port)[0] == 200
-        first = native(srv.port)
+        first = _real_time(srv.port, speech, stop)  # real time: a decode every step, the engine measuring them
         try:
-            for i in range(0, len(speech), 6400):
-                first.send(speech[i:i + 6400])
             deadline = time.monotonic() + 60
-            while srv.engine.cost() is None:  # the engine measures once it has taken in 10 s of audio
-                assert time.monotonic() < deadline, "the engine measured no cost within 60 s"
+            while srv.engine.carried(0.5) is None:  # the engine has an estimate after a few steps
+                assert time.monotonic() < deadline, "the engine measured nothing within 60 s"
                 time.sleep(0.1)
             status, reason = _health(srv.port)
-            assert (status, reason.startswith("full: the engine spends")) == ((503, True) if max_load else (200, False))
+            assert (status, reason.startswith("full: the engine carries about")) == \
+                ((503, True) if max_load else (200, False)), reason
             with ws(srv.port) as second:
                 with contextlib.suppress(ConnectionClosed):
                     second.send(json.dumps({"type": "start"}))
                 event = json.loads(second.recv(timeout=10))
                 if max_load:
                     assert event["type"] == "error" and event["code"] == "server_full", event
-                    assert "per second of audio" in event["message"]
+                    assert "real-time sessions" in event["message"]
                     with pytest.raises(ConnectionClosed) as closed:
                         second.recv(timeout=10)
                     assert closed.value.rcvd.code == 1013
                 else:
                     assert event["type"] == "ready", event
         finally:
-            first.close()
+            stop.set()
+            first.join(30)
         deadline = time.monotonic() + 10
         while _health(srv.port)[0] != 200:  # the session is gone: a server with none takes one
             assert time.monotonic() < deadline, _health(srv.port)
             time.sleep(0.1)
+
+
+def _real_time(port: int, speech: bytes, stop: threading.Event) -> threading.Thread:
+    """A session opened now (it must be admitted: ``native`` asserts ``ready``), then streaming ``speech`` (16 kHz
+    16-bit) at real time in 0.2 s frames, in a thread, until ``stop``."""
+    c = native(port)
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            try:
+                for i in range(0, len(speech), 6400):
+                    if stop.is_set():
+                        return
+                    c.send(speech[i:i + 6400])
+                    time.sleep(0.2)
+            finally:
+                c.close()
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _opens(port: int) -> str:
+    """A new session's first event type, or the refusal's code."""
+    with ws(port) as c:
+        with contextlib.suppress(ConnectionClosed):
+            c.send(json.dumps({"type": "start"}))
+        event = json.loads(c.recv(timeout=10))
+        return event["type"] if event["type"] != "error" else event["code"]
+
+
+@pytest.mark.slow
+def test_admission_takes_what_the_engine_carries_and_refuses_a_burst_beyond(short_target):
+    """The engine's own estimate decides, at serve's longest step (3 s: a stream's step grows to it under load): a
+    server that carries six (a tiny model, busy at most 100 %) takes speakers 2..6 while the first runs, none refused
+    at two; a server whose measured estimate is two (``max_load`` set from what this machine's steps cost) takes the
+    second and refuses a burst of three beyond it at once, counting the sessions it has just admitted before any of
+    their audio is measured."""
+    jfk = load_audio(DEV / "jfk-inaugural-1961-ask-not.wav")
+    speech = (np.tile(jfk, 4)[:40 * 16000] * 32767).astype(np.int16).tobytes()
+    stop = threading.Event()
+    tr = Transcriber(short_target)
+    engine, step = Engine(tr, EngineConfig(max_step_s=3.0)), 3.0
+    try:
+        with in_process(engine, ServerConfig(port=0, max_sessions=8, max_sessions_per_client=8, max_load=1.0),
+                        FileWorker(tr)) as srv:
+            threads = [_real_time(srv.port, speech, stop)]
+            deadline = time.monotonic() + 60
+            while engine.carried(step) is None:
+                assert time.monotonic() < deadline, "the engine measured nothing within 60 s"
+                time.sleep(0.1)
+            assert engine.carried(step) >= 6, engine.capacity.fit()
+            for _ in range(2, 7):  # one at a time, each streaming before the next comes (each must be admitted)
+                threads.append(_real_time(srv.port, speech, stop))
+                time.sleep(1.0)
+            stop.set()
+            for t in threads:
+                t.join(30)
+        fixed, per_row, per_audio = engine.capacity.fit()
+        share = (fixed + 2.5 * (per_row + per_audio * step)) / step  # carries two (a batch of two a step)
+        stop.clear()
+        with in_process(engine, ServerConfig(port=0, max_sessions=8, max_sessions_per_client=8, max_load=share),
+                        FileWorker(tr)) as srv:
+            assert engine.carried(step, share) == 2, engine.capacity.fit()
+            threads = [_real_time(srv.port, speech, stop)]
+            time.sleep(0.5)
+            threads.append(_real_time(srv.port, speech, stop))  # the second: admitted
+            burst: list[str] = []
+            others = [threading.Thread(target=lambda: burst.append(_opens(srv.port))) for _ in range(3)]
+            for t in others:
+                t.start()
+            for t in others:
+                t.join(30)
+            assert sorted(burst) == ["server_full"] * 3, burst
+            stop.set()
+            for t in threads:
+                t.join(30)
+    finally:
+        stop.set()

