@@ -53,7 +53,6 @@ from asr_spec.evaluation.streaming import (
     missing_words,
     pct,
     run_clients,
-    serve_engine,
     server_around,
     streamed_words,
     timed_words,
@@ -61,6 +60,7 @@ from asr_spec.evaluation.streaming import (
     words,
 )
 from asr_spec.models.loader import ModelOptions, load
+from asr_spec.recognizer import Recognizer
 from asr_spec.streaming.config import EngineConfig, StreamConfig, WordTiming
 from asr_spec.streaming.encoding import WINDOWS
 from asr_spec.streaming.engine import Engine, stream_audio
@@ -182,6 +182,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--encoder-windows", default=WINDOWS[0],
                     help="how streams' buffers are encoded for the WER part, comma-separated (streaming/encoding.py): "
                     f"{', '.join(WINDOWS)} (default {WINDOWS[0]}, serve's)")
+    ap.add_argument("--pad", type=float, default=None,
+                    help="seconds of silence the streaming encoder encodes after each step's audio (default: the "
+                    "engine's, 3)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="torch device, as serve's --device (cuda: serve's CUDA defaults)")
     ap.add_argument("--compute-type", default=SERVE.compute_type,
@@ -191,13 +194,19 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
+def engine_config(settings: ServeSettings, args: argparse.Namespace) -> EngineConfig:
+    """serve's engine configuration from ``settings``, with ``--pad`` where given."""
+    config = settings.engine_config()
+    return config if args.pad is None else replace(config, pad_s=args.pad)
+
+
 def wer_part(tr: Transcriber, args: argparse.Namespace) -> dict:
     results = {}
     dev, talks = data(args, args.limit), longform(args)
     for win in args.encoder_windows.split(","):
         # a fixed step: the load step follows the machine's speed, which would make the text depend on it
-        config = replace(SERVE.model_copy(update={"alignment": args.alignment}).engine_config(), encoder_window=win,
-                         max_step_s=0.0)
+        config = replace(engine_config(SERVE.model_copy(update={"alignment": args.alignment}), args),
+                         encoder_window=win, max_step_s=0.0)
         tag = "" if win == WINDOWS[0] else f"_{win}_window"
         results["wer_dev" + tag] = streaming_wer(tr, dev, args.step, policy_named(args.policy), config=config)
         print("dev", win, results["wer_dev" + tag], flush=True)
@@ -266,6 +275,7 @@ def main() -> None:
     tr = Transcriber(target, draft)
     results: dict = {"step_s": args.step, "max_step_s": args.max_step,
                      "policy": args.policy, "encoder_windows": args.encoder_windows, "alignment": args.alignment,
+                     "pad_s": engine_config(SERVE, args).pad_s,
                      "threads": args.threads, "compute_type": target.precision.name}
     if not args.skip_wer:
         results |= wer_part(tr, args)
@@ -273,7 +283,7 @@ def main() -> None:
     dev = data(args)
     for n in (int(x) for x in args.sessions.split(",") if x):
         settings = serve.model_copy(update={"max_step": args.max_step, "alignment": args.alignment})
-        row = capacity(tr, serve_engine(target, draft, settings), dev, n, args.seconds, args.step,
+        row = capacity(tr, Engine(Recognizer(target, draft), engine_config(settings, args)), dev, n, args.seconds, args.step,
                        policy_named(args.policy))
         print(row, flush=True)
         results["capacity"].append(row)

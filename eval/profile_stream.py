@@ -18,6 +18,7 @@ import cProfile
 import functools
 import pstats
 import time
+from dataclasses import replace
 
 import torch
 
@@ -57,11 +58,18 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--encoder-window", default=encoding.WINDOWS[0], choices=encoding.WINDOWS)
     ap.add_argument("--no-cprofile", action="store_true", help="time the components only (cProfile slows Python)")
+    ap.add_argument("--alignment", default=None, help="pass or decode (default: the engine's)")
+    ap.add_argument("--pad", type=float, default=None, help="seconds of silence the streaming encoder adds (default: 3)")
+    ap.add_argument("--lookahead", type=float, default=None, help="seconds encoded again at each step (default: 2)")
     add_data_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target, draft = load(ModelOptions(device=args.device, compute_type=args.compute_type))
-    engine = Engine(Recognizer(target, draft), EngineConfig(encoder_window=args.encoder_window))
+    config = EngineConfig(encoder_window=args.encoder_window)
+    for name, value in (("alignment", args.alignment), ("pad_s", args.pad), ("lookahead_s", args.lookahead)):
+        if value is not None:
+            config = replace(config, **{name: value})
+    engine = Engine(Recognizer(target, draft), config)
     dev = data(args)
     audios = [dev.session(args.seconds, 7 * i).audio for i in range(args.sessions)]
     feed_unpaced(engine, [a[:16000 * 5] for a in audios], 0.1)  # warm-up (kernels, the cost model's first tries)

@@ -33,6 +33,12 @@ class DistillSettings:
     lr: float = option(7e-4)
     seed: int = option(0)
     threads: int = option(0)
+    torch_device: str = option("cpu", "where the target labels and the draft trains (cuda: a GPU)", flag="--device")
+    augment: int = option(0, "augmented copies of every real clip (speed, noise, reverberation, telephone band), "
+                          "each labelled by the target")
+    on_policy: float = option(0.0, "share of each training batch made on the draft's own proposals, labelled by "
+                              "the target (DistillSpec's on-policy data); 0: teacher forcing only")
+    policy_steps: int = option(8, "draft tokens per on-policy example")
     compute_type: Literal[COMPUTE_TYPES] = option(
         "float32", "compute type of the target that labels the audio (the draft learns that target's tokens; training "
         "itself runs in float32): " + ", ".join(COMPUTE_TYPES), metavar="TYPE")
@@ -47,7 +53,8 @@ class DistillSettings:
                               tts_engines=tuple(e for e in self.tts_engines.split(",") if e), minutes=self.minutes,
                               max_steps=self.steps, batch=self.batch, lr=self.lr, seed=self.seed,
                               session_s=self.session_seconds, init=Path(self.init) if self.init else None,
-                              compute_type=self.compute_type)
+                              compute_type=self.compute_type, device=self.torch_device, augment=self.augment,
+                              on_policy=self.on_policy, policy_steps=self.policy_steps)
 
 
 def distill(settings: DistillSettings) -> int:

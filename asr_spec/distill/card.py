@@ -17,14 +17,18 @@ token, so transcripts are the target's own whatever the draft proposes.
 
 - Trained with: `{command}`
 - Seed {report['options']['seed']}; {report['steps']} steps of batch {report['options']['batch']} in
-  {report['train_seconds'] / 60:.1f} min (labelling the data with the target: {report['label_seconds'] / 60:.1f} min), CPU.
-- Data: {ex['real']} real-audio examples, {ex['tts']} synthesized ones and {ex.get('session', 0)} windows of real clips
+  {report['train_seconds'] / 60:.1f} min, {report['train_seconds'] / 3600:.2f} h (labelling the data with the target:
+  {report['label_seconds'] / 60:.1f} min), on {report['options'].get('device', 'cpu')}.
+- Data: {ex['real']} real-audio examples, {ex.get('aug', 0)} augmented copies of them (speed, noise, reverberation,
+  telephone band), {ex['tts']} synthesized ones and {ex.get('session', 0)} windows of real clips
   joined into recordings of up to {report['options'].get('session_s', 0):g} s and decoded the way `transcribe` decodes
   them (previous text as prompt, timestamps, seeking), all labelled by the target's greedy decoding
   ({ex['held_aside']} held aside). Audio: {', '.join(report['options']['audio']) or 'none'}; text for synthesis:
   {', '.join(Path(t).name for t in report['options']['text']) or 'none'}. No evaluation data.
 - Loss: KL to the target's top-{report['options']['top_k']} distribution (renormalised on the head) +
-  {report['options']['ce_weight']} x cross-entropy on its greedy tokens.
+  {report['options']['ce_weight']} x cross-entropy on its greedy tokens; {100 * report['options'].get('on_policy', 0):.0f} % of
+  each batch on the draft's own proposals ({report['options'].get('policy_steps', 0)} tokens from a random point of
+  an example, each labelled by the target's choice after it: on-policy).
 - Held-aside per-token acceptance (teacher-forced argmax = target's token): **{100 * report['held_aside_acceptance']:.1f} %**;
   tokens the head cannot propose: {100 * (1 - report['held_aside_label_coverage']):.1f} % of held-aside labels.
 

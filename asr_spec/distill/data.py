@@ -18,6 +18,7 @@ from ..models.loader import Whisper
 from ..models.pair import Pair
 from ..recognizer import Checks, Recognizer, compression_ratio, nothing_said, pad_memories
 from ..transcribe import TranscribeOptions, Transcriber
+from .augment import augment
 from .tts import passages, random_voice, speak
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".mp3"}
@@ -27,12 +28,16 @@ CHECKS = Checks()  # Whisper's thresholds: labels that fail them teach the draft
 @dataclass
 class Example:
     id: str
-    source: str  # "real", "tts", or "session" (a window of real clips joined and decoded as ``transcribe`` does)
+    # "real", "aug" (a real clip augmented), "tts", "session" (a window of real clips joined and decoded as
+    # ``transcribe`` does) or "policy" (on the draft's own path: onpolicy.py)
+    source: str
     memory: torch.Tensor  # target encoder output, fp16 [frames, d_model]
     prompt: list[int]
     labels: list[int]  # the target's greedy tokens, end-of-text included
     top_ids: torch.Tensor  # [len(labels), k] int32: the target's k most likely tokens at each label position
     top_logprobs: torch.Tensor  # [len(labels), k] fp16
+    inputs: list[int] | None = None  # the tokens fed after the prompt (None: labels[:-1], teacher forcing; on-policy
+    # examples feed the draft's own tokens, each label the target's choice after them)
 
     @property
     def held_aside(self) -> bool:
@@ -66,6 +71,17 @@ def synthesize(text_files: list[Path], count: int, out_dir: Path, engines: list[
                 continue
         paths.append(path)
     return paths
+
+
+def augmented(items: list[tuple[str, str, np.ndarray]], copies: int, seed: int) -> list[tuple[str, str, np.ndarray]]:
+    """``copies`` augmented copies of every clip (augment.py: speed, noise, reverberation, telephone band), each
+    chosen by the clip's id and the copy's number (the same on a rerun)."""
+    out = []
+    for cid, _, audio in items:
+        for n in range(copies):
+            kind, changed = augment(audio, random.Random(f"{seed}/{cid}/{n}"))
+            out.append((f"{cid}~{kind}{n}", "aug", changed))
+    return out
 
 
 def clips(files: list[Path], source: str) -> Iterator[tuple[str, str, np.ndarray]]:

@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 from tqdm import tqdm
 
 from ..models.loader import DRAFT_META, Whisper, distilled_decoder, load_target, save_distilled
-from .data import Example, audio_files, clips, label, label_sessions, sessions, synthesize
+from .data import Example, audio_files, augmented, clips, label, label_sessions, sessions, synthesize
+from .onpolicy import on_policy
 from .tts import available_engines
 
 
@@ -46,6 +47,10 @@ class DistillOptions:
     eval_every: int = 50
     label_batch: int = 8
     compute_type: str = "float32"  # the target that labels the audio runs at this type (training is float32)
+    device: str = "cpu"  # where the target labels and the draft trains (cuda: a GPU does hours of CPU work)
+    augment: int = 0  # augmented copies of every real clip (augment.py), labelled by the target
+    on_policy: float = 0.0  # share of each batch made on the draft's own paths (onpolicy.py), labelled by the target
+    policy_steps: int = 8  # draft tokens per on-policy example
 
 
 @dataclass
@@ -87,8 +92,10 @@ def build_data(o: DistillOptions, target: Whisper) -> list[Example]:
             examples += torch.load(shard, weights_only=False)
             bar.update(len(part))
         bar.close()
-    for source, files in sources:
-        items = list(clips(files, source))
+    labelled = [(source, list(clips(files, source))) for source, files in sources]
+    if o.augment and labelled[0][1]:  # copies of the real clips, changed (augment.py): shards of their own
+        labelled.append(("aug", augmented(labelled[0][1], o.augment, o.seed)))
+    for source, items in labelled:
         bar = tqdm(total=len(items), desc=f"labelling {source} clips with the target", unit="clip")
         for n, start in enumerate(range(0, len(items), o.label_batch)):
             shard = cache / f"{source}-{n:05d}.pt"
@@ -134,14 +141,14 @@ def _jsonable(o: DistillOptions) -> dict:
 class Batcher:
     """Pads examples into teacher-forcing batches."""
 
-    def __init__(self, head_ids: list[int] | None, vocab_size: int, pad: int):
-        self.pad = pad
+    def __init__(self, head_ids: list[int] | None, vocab_size: int, pad: int, device: str = "cpu"):
+        self.pad, self.device = pad, torch.device(device)
         self.index = torch.full((vocab_size,), -1, dtype=torch.long)  # vocab id -> head row (-1: not in head)
         ids = torch.tensor(head_ids) if head_ids else torch.arange(vocab_size)
         self.index[ids] = torch.arange(len(ids))
 
     def __call__(self, batch: list[Example]):
-        inputs = [ex.prompt + ex.labels[:-1] for ex in batch]
+        inputs = [ex.prompt + (ex.labels[:-1] if ex.inputs is None else ex.inputs) for ex in batch]
         length = max(map(len, inputs))
         x = torch.full((len(batch), length), self.pad, dtype=torch.long)
         y = torch.full((len(batch), length), -100, dtype=torch.long)
@@ -156,7 +163,7 @@ class Batcher:
             top_lp[i, at] = ex.top_logprobs.float()
         y[y < 0] = -100  # labels outside the shortlist cannot be learnt
         memory = torch.stack([ex.memory for ex in batch]).float()
-        return x, y, top_rows, top_lp, memory
+        return tuple(t.to(self.device) for t in (x, y, top_rows, top_lp, memory))
 
 
 def losses(logits: torch.Tensor, y: torch.Tensor, top_rows: torch.Tensor, top_lp: torch.Tensor):
@@ -192,12 +199,13 @@ def held_aside_acceptance(model, head: torch.Tensor, batcher: Batcher, held: lis
 def distill(o: DistillOptions) -> dict:
     torch.manual_seed(o.seed)
     rng = random.Random(o.seed)
-    target = load_target(o.target)
+    target = load_target(o.target, o.device)
     for p in target.net.parameters():
         p.requires_grad_(False)
     t0 = time.perf_counter()
     # labels at the compute type the draft will serve (the draft learns that target's tokens)
-    examples = build_data(o, target if o.compute_type == "float32" else load_target(o.target, compute_type=o.compute_type))
+    examples = build_data(o, target if o.compute_type == "float32" else
+                          load_target(o.target, o.device, compute_type=o.compute_type))
     label_seconds = time.perf_counter() - t0
     held = [e for e in examples if e.held_aside] or examples[-1:]  # small runs: hold at least one aside
     train = [e for e in examples if e not in held]
@@ -213,7 +221,7 @@ def distill(o: DistillOptions) -> dict:
         dec = model.model.decoder
         dec.layers.load_state_dict({k[len("layers."):]: v for k, v in saved.items() if k.startswith("layers.")})
         dec.layer_norm.load_state_dict({k[len("layer_norm."):]: v for k, v in saved.items() if k.startswith("layer_norm.")})
-        head = torch.nn.Parameter(saved["head.weight"].clone())
+        head = torch.nn.Parameter(saved["head.weight"].clone().to(target.decoder.device))
     else:  # distil-Whisper's recipe: layers copied from the target's, the output layer from its embeddings
         head_ids = choose_shortlist(o, target, train)
         layers = list(o.layers) or [0, n_layers - 1]
@@ -229,7 +237,7 @@ def distill(o: DistillOptions) -> dict:
         p.requires_grad_(True)
     model.train()
     opt = torch.optim.AdamW(trainable, lr=o.lr, weight_decay=0.01)
-    batcher = Batcher(head_ids, target.vocab.size, target.vocab.eot)
+    batcher = Batcher(head_ids, target.vocab.size, target.vocab.eot, o.device)
     state = State()
     ckpt = workdir(o) / "checkpoint.pt"
     if ckpt.exists():
@@ -267,7 +275,13 @@ def distill(o: DistillOptions) -> dict:
             lr *= max(0.05, 1 - state.step / o.max_steps)
         for g in opt.param_groups:
             g["lr"] = lr
-        x, y, top_rows, top_lp, mem = batcher(rng.sample(train, min(o.batch, len(train))))
+        batch = rng.sample(train, min(o.batch, len(train)))
+        if (n := round(o.on_policy * len(batch))) > 0:  # part of the batch on the draft's own paths
+            model.eval()
+            batch = on_policy(model, head.detach(), head_ids, target, batch[:n], o.policy_steps, o.top_k, rng) + \
+                batch[n:]
+            model.train()
+        x, y, top_rows, top_lp, mem = batcher(batch)
         h = dec(x, mem)
         kl, ce = losses(h @ head.T, y, top_rows, top_lp)
         loss = kl + o.ce_weight * ce
@@ -299,7 +313,7 @@ def distill(o: DistillOptions) -> dict:
         "head_tokens": len(head_ids) if head_ids else target.vocab.size,
         "held_aside_label_coverage": round(float(coverage), 4),
         "examples": {"train": len(train), "held_aside": len(held),
-                     **{source: sum(e.source == source for e in examples) for source in ("real", "tts", "session")}},
+                     **{source: sum(e.source == source for e in examples) for source in ("real", "aug", "tts", "session")}},
         "steps": state.step, "train_seconds": round(state.seconds, 1), "label_seconds": round(label_seconds, 1),
         "held_aside_acceptance": round(acceptance, 4), "history": state.history,
         "options": _jsonable(o),

@@ -1,0 +1,67 @@
+"""Distillation's data, fast (tiny random models): augmented copies of real clips, and on-policy examples — the
+draft's own proposals, each labelled by the target's choice after them — fed the way the batcher feeds them."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from asr_spec.audio import SAMPLE, SAMPLE_RATE, load_audio
+from asr_spec.distill.augment import KINDS, augment
+from asr_spec.distill.data import Example, augmented
+from asr_spec.distill.onpolicy import on_policy
+from asr_spec.distill.train import Batcher
+from asr_spec.models.loader import load_draft
+
+
+@pytest.fixture(scope="module")
+def clip() -> np.ndarray:
+    return load_audio(SAMPLE)[: 3 * SAMPLE_RATE]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_augmentation_changes_the_audio_and_repeats_with_its_seed(clip, kind):
+    got, changed = augment(clip, random.Random(3), kind)
+    again = augment(clip, random.Random(3), kind)[1]
+    assert got == kind and np.array_equal(changed, again) and changed.dtype == np.float32
+    assert np.isfinite(changed).all() and np.abs(changed).max() <= 1.0
+    if kind == "speed":
+        assert 0.85 * len(clip) < len(changed) < 1.15 * len(clip) and len(changed) != len(clip)
+    else:
+        assert len(changed) == len(clip) and not np.allclose(changed, clip, atol=1e-3)
+    with pytest.raises(ValueError, match="unknown augmentation"):
+        augment(clip, random.Random(0), "echo")
+
+
+def test_augmented_copies_are_named_by_their_kind_and_made_the_same_on_a_rerun(clip):
+    copies = augmented([("a@0", "real", clip)], 3, seed=0)
+    assert [c[1] for c in copies] == ["aug"] * 3 and all(c[0].startswith("a@0~") for c in copies)
+    assert all(np.array_equal(x[2], y[2]) for x, y in zip(copies, augmented([("a@0", "real", clip)], 3, seed=0)))
+
+
+@torch.no_grad()
+def test_on_policy_examples_feed_the_drafts_tokens_and_carry_the_targets_choice_after_them(short_target):
+    """Each example's inputs are the draft's greedy tokens after a cut of the original labels; its labels are the
+    target's argmax after each of them (checked against the target itself, teacher-forced), and the batcher feeds
+    exactly those inputs."""
+    v, dec = short_target.vocab, short_target.decoder
+    draft = load_draft("layers:0", short_target)
+    g = torch.Generator().manual_seed(0)
+    prompt = v.sot_sequence("en") + [v.no_timestamps]
+    examples = [Example(f"e{i}", "real", torch.randn(20, short_target.config.d_model, generator=g).half(), prompt,
+                        torch.randint(100, 5000, (6,), generator=g).tolist() + [v.eot],
+                        torch.zeros(7, 4, dtype=torch.int32), torch.zeros(7, 4, dtype=torch.float16)) for i in range(3)]
+    out = on_policy(draft.net, draft.net.proj_out.weight, None, short_target, examples, 4, 4, random.Random(1))
+    for ex, original in zip(out, examples):
+        assert ex.source == "policy" and len(ex.inputs) == 4 and len(ex.labels) == 5
+        assert ex.prompt[:len(prompt)] == prompt and ex.prompt[len(prompt):] == original.labels[:len(ex.prompt) - len(prompt)]
+        seq = ex.prompt + ex.inputs
+        logits = dec(dec.new_cache(ex.memory[None].float(), len(seq)), torch.tensor([seq]),
+                     torch.arange(len(seq))[None])[0]
+        assert ex.labels == logits[len(ex.prompt) - 1:].argmax(-1).tolist()
+        assert ex.top_ids[:, 0].tolist() == ex.labels
+    x, y, *_ = Batcher(None, v.size, v.eot)(out[:1])
+    assert x[0, :len(out[0].prompt) + 4].tolist() == out[0].prompt + out[0].inputs
+    assert y[0, len(out[0].prompt) - 1:len(out[0].prompt) + 4].tolist() == out[0].labels
