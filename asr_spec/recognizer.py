@@ -64,10 +64,10 @@ def nothing_said(r: RowResult, o: Checks = Checks()) -> bool:
             and (o.logprob_threshold is None or r.avg_logprob < o.logprob_threshold))
 
 
-def pad_memories(memories: list[torch.Tensor]) -> torch.Tensor:
-    """[1, S_i, D] encoder outputs -> [B, max S, D]: zeros after each row's length (give each request its
-    ``memory_length`` so cross-attention masks them)."""
-    longest = max(m.shape[1] for m in memories)
+def pad_memories(memories: list[torch.Tensor], width: int | None = None) -> torch.Tensor:
+    """[1, S_i, D] encoder outputs -> [B, max S (or ``width``), D]: zeros after each row's length (give each request
+    its ``memory_length`` so cross-attention masks them)."""
+    longest = max(width or 0, *(m.shape[1] for m in memories))
     return torch.cat([torch.nn.functional.pad(m, (0, 0, 0, longest - m.shape[1])) for m in memories])
 
 

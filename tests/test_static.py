@@ -117,8 +117,8 @@ def test_slots_are_claimed_freed_and_compacted_in_place(tiny_target, draft):
 
 
 def test_what_the_static_path_takes(tiny_target, draft, monkeypatch):
-    """Greedy, no hints, no recorded heads, one target memory length, ASR_SPEC_STATIC not off; the dispatcher gives
-    the others to the eager loop, with the same results."""
+    """Asked to, greedy, no recorded heads, ASR_SPEC_STATIC not off (hints and padded memories too:
+    test_static_streams.py); the dispatcher gives the others to the eager loop, with the same results."""
     v = tiny_target.vocab
     mem = _memory()[:2]
     d = Decoders(tiny_target.decoder, draft.decoder)
@@ -127,14 +127,14 @@ def test_what_the_static_path_takes(tiny_target, draft, monkeypatch):
     assert eligible(d, Pair(mem, mem), plain, _options(v, 3))
     from dataclasses import replace
 
-    assert not eligible(d, Pair(mem, mem), [replace(plain[0], hint=[1, 2])], _options(v, 3))
-    assert not eligible(d, Pair(mem, mem), [replace(plain[0], memory_length=9)], _options(v, 3))
+    assert eligible(d, Pair(mem, mem), [replace(plain[0], hint=[1, 2])], _options(v, 3))  # streams: tests below
+    assert eligible(d, Pair(mem, mem), [replace(plain[0], memory_length=9)], _options(v, 3))
     assert not eligible(d, Pair(mem, mem), plain, replace(_options(v, 3), sampler=Sampler(0.5)))
     assert not eligible(d, Pair(mem, mem), plain, replace(_options(v, 3), attention_heads=((0, 0),)))
     assert not eligible(d, Pair(mem, mem), plain, replace(_options(v, 3), static=False))  # not asked (streams)
     on = [r.tokens for r in run_decode(d, Pair(mem, mem), plain, _options(v, 3))]
     arena = static.arena_for(d, 3, _options(v, 3), 2, Pair(mem, mem),
-                             decode_capacity(tiny_target.decoder.max_positions, 3))  # the one run_decode used
+                             decode_capacity(tiny_target.decoder.max_positions, 3), False)  # run_decode's
     with arena.lock:  # another thread's decode holds the arena: this one runs eagerly, the arena untouched
         before = arena.slots.seq.clone()
         assert [r.tokens for r in run_decode(d, Pair(mem, mem), plain, _options(v, 3))] == on

@@ -50,11 +50,14 @@ class PassRead:
 
 def draft(decoder: CachedDecoder, s: Slots, k: int, o: DecodeOptions, catch_up: int, fixed: bool,
           noise: Noise | None = None, stop: Callable[[torch.Tensor, torch.Tensor], bool] | None = None,
-          clock: PassClock | None = None) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+          clock: PassClock | None = None, forced: tuple[torch.Tensor, torch.Tensor] | None = None
+          ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
     """Up to ``k`` draft tokens per row [b, kk], chosen as the target chooses (the same rules, the same noise). The
     draft first feeds each row's last ``catch_up`` tokens (the positions its cache lacks; a row with a shorter gap
     re-feeds cached positions, which is harmless). ``fixed``: the decoder's shapes do not depend on the positions (a
-    static decode's). ``stop`` (proposals' processed logits, choices) -> True ends drafting early (it reads the host)."""
+    static decode's). ``stop`` (proposals' processed logits, choices) -> True ends drafting early (it reads the host).
+    ``forced`` (tokens [b, >= k], rows [b]): those rows propose these tokens instead of the draft's (a row's hint),
+    and the draft reads them, so its cache holds what the row will hold if the target accepts them."""
     b, steps = s.n.shape[0], torch.arange(catch_up, device=s.n.device)
     fpos = (s.n[:, None] - catch_up + steps).clamp(min=0)
     feed, at = s.seq.gather(1, fpos), fpos.new_full((b, 1), catch_up - 1)
@@ -70,6 +73,8 @@ def draft(decoder: CachedDecoder, s: Slots, k: int, o: DecodeOptions, catch_up: 
         with phase(clock, "acceptance"):
             c = o.sampler.choose(processed, nz if nz is None or cols.ids is None else nz[:, cols.ids])
             x = c if cols.ids is None else cols.ids[c]
+            if forced is not None:
+                x = torch.where(forced[1], forced[0][:, j], x)
         proposals.append(x)
         if stop is not None and j + 1 < k and stop(processed, c):
             break

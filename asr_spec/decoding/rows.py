@@ -30,7 +30,8 @@ class DecodeOptions:
     # the decode itself: streaming's AlignAtt)
     attention_heads: tuple[tuple[int, int], ...] = ()
     # may run as a static decode (decoding/static.py) where the device wants one: whole 30 s windows (files, uploads),
-    # whose one memory length keeps one arena and its graphs; a stream's growing buffer would make new ones each step
+    # or a stream's buffers padded to one width (rows with a ``memory_length``: every row then attends that width
+    # under its mask, eagerly or not, so that its bits depend on its own length and the width only)
     static: bool = False
 
 

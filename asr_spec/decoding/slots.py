@@ -71,7 +71,7 @@ class Slots:
         """Every per-slot tensor (compaction moves them all)."""
         caches = [self.target] + ([self.draft] if self.draft is not None else [])
         kv = [t for c in caches for t in c.tensors()]
-        mask = [self.draft.static_mask] if self.draft is not None and self.draft.static_mask is not None else []
+        mask = [c.static_mask for c in caches if c.static_mask is not None]
         return kv + mask + [self.seq, self.n, self.sample_len, *self.rules]
 
     def compact(self, rows: list[int]) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.kv_decoder import CrossKV, KVCache
+from ..models.kv_decoder import CrossKV, KVCache, length_mask
 from ..models.pair import Pair
 from . import passes
 from .budget import phase
@@ -98,7 +98,10 @@ class DecodingTask(JoinRows):
             self.d_memory = memories.draft[:, :max(self.d_lengths)]
         self.d_cross = cross.draft
         if slots is None:  # the eager loop's own: the target's cache now, the draft's at its first pass
-            t = self.target.new_cache(memories.target, self.capacity, lengths, cross.target).grown(self.reserved)
+            t = self.target.new_cache(memories.target, self.capacity, lengths, cross.target)
+            if o.static and lengths is not None:  # a padded decode: attended as a static one attends it
+                t.static_mask = length_mask(lengths, t.cross_k[0].shape[2], self.dev)
+            t = t.grown(self.reserved)
             slots = Slots.empty(self.reserved, self.capacity, t, None)
         self.slots = slots
         self._write_rows(prompts, longest)
@@ -199,28 +202,30 @@ class DecodingTask(JoinRows):
         hinted = [r.hinted() for r in self.live]
         if all(hinted):
             width = min(HINT_K, max(len(r.hint) - r.generated for r in self.live))
-            proposals = self._hinted(torch.empty(len(self.live), width, dtype=torch.long, device=self.dev), hinted)
+            proposals = self.hint_tokens(width, hinted)[0]
             return proposals, [self.noise(j) for j in range(width + 1)], None, hinted
         want = self.k if costs is None else costs.choose(self.k)  # the draft length measured to pay most
+        # a row's own hint is a better guess than the draft's (streaming: the last hypothesis): it is proposed instead
+        forced = self.hint_tokens(want, hinted) if any(hinted) else None
         if want:
-            proposals, noise = self.draft_tokens(want)
+            proposals, noise = self.draft_tokens(want, forced)
         else:
             proposals, noise = torch.empty(len(self.live), 0, dtype=torch.long, device=self.dev), []
-        if any(hinted):  # a row's own hint is a better guess than the draft's (streaming: the last hypothesis)
-            proposals = self._hinted(proposals, hinted)
         return proposals, noise + [self.noise(proposals.shape[1])], want, hinted
 
-    def _hinted(self, proposals: torch.Tensor, hinted: list[bool]) -> torch.Tensor:
-        """``proposals`` [m, kk] with the ``hinted`` rows' next kk hint tokens in place (end-of-text after the hint)."""
-        kk, eot = proposals.shape[1], self.o.eot
-        for i, r in enumerate(self.live):
-            if hinted[i]:
-                proposals[i] = torch.tensor((r.hint[r.generated:r.generated + kk] + [eot] * kk)[:kk], device=self.dev)
-        return proposals
+    def hint_tokens(self, kk: int, hinted: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``hinted`` live rows' next kk hint tokens [m, kk] (end-of-text after the hint), and which rows [m]."""
+        eot = self.o.eot
+        rows = [(r.hint[r.generated:r.generated + kk] + [eot] * kk)[:kk] if h else [eot] * kk
+                for r, h in zip(self.live, hinted)]
+        return (torch.tensor(rows, dtype=torch.long, device=self.dev).view(len(rows), kk),
+                torch.tensor(hinted, device=self.dev))
 
-    def draft_tokens(self, k: int) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
-        """Up to ``k`` draft tokens per live row (``passes.draft``), the draft catching up first on every token its
-        cache lacks; its first pass builds its cache (once per decode: not what a draft length costs)."""
+    def draft_tokens(self, k: int, forced: tuple[torch.Tensor, torch.Tensor] | None = None
+                     ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """Up to ``k`` draft tokens per live row (``passes.draft``; ``forced``: rows that propose their hint instead),
+        the draft catching up first on every token its cache lacks; its first pass builds its cache (once per decode:
+        not what a draft length costs)."""
         if self.slots.draft is None:
             now = wall_clock(self.dev)
             t0 = now()
@@ -228,7 +233,7 @@ class DecodingTask(JoinRows):
             self.built = now() - t0
         catch_up = max(r.length - r.drafted_to for r in self.live)
         return passes.draft(self.draft, self.view(), k, self.o, catch_up, fixed=False, noise=self.noise,
-                            stop=self._stop if self.o.stop_below > 0 else None, clock=self.clock)
+                            stop=self._stop if self.o.stop_below > 0 else None, clock=self.clock, forced=forced)
 
     def _stop(self, processed: torch.Tensor, chosen: torch.Tensor) -> bool:
         """The draft stops proposing once it believes every live row's proposal less than ``stop_below``."""
@@ -280,16 +285,14 @@ class DecodingTask(JoinRows):
                 r.no_speech_prob, r.sot_pending = read.no_speech, False
             if hinted[i]:
                 st.hint_accepted += judged
-                if drafted:  # the draft caught up to the row's start; its proposals after it were not used
-                    r.drafted_to = r.length
             else:
                 st.drafted += kk
                 st.accepted += judged
                 st.accepted_at.append(judged)
                 if a < kk and c == a + 1:
                     st.rejected += 1
-                if kk:
-                    r.drafted_to = r.length + min(a, kk - 1)
+            if drafted and kk:  # the draft fed the row's proposals (its hint's, where hinted) but the last
+                r.drafted_to = r.length + min(a, kk - 1)
             r.sum_logprob += sum(read.logprobs)
             r.logprobs += read.logprobs
             r.length += c
@@ -335,6 +338,6 @@ class DecodingTask(JoinRows):
         if not self.o.keep_cross:
             return None
         t: KVCache = self.slots.target
-        end = t.cross_lengths[i] if t.cross_lengths else t.cross_k[0].shape[2]
+        end = t.cross_lengths[i] if t.cross_lengths else self.live[i].request.memory_length or t.cross_k[0].shape[2]
         return CrossKV(t.cross_k, t.cross_v).map(lambda x: x[i:i + 1, :, :end].clone())
 

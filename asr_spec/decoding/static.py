@@ -16,10 +16,13 @@ lives in an :class:`Arena` made once per (target, draft, K, rules, memory length
 
 Every decoder call has the shapes of the eager loop's exact target (all K + 1 positions, the whole self-attention
 cache masked), so a row's bits are the eager loop's: the same tokens (tests/test_static.py). Decodes that ask for it
-(``DecodeOptions.static``: whole windows of files and uploads) and are greedy without hints, recorded heads or ragged
-target memories take it, one at a time per arena (a decode finding it busy runs eagerly); K is fixed (the adaptive
-chooser and the draft's early stop change speed only, and would read the host inside a pass). On a CPU the same
-passes run without graphs (the tests). ``ASR_SPEC_STATIC``: ``auto`` (default: on CUDA), ``on`` (any device), ``off``.
+(``DecodeOptions.static``) and are greedy without recorded heads take it, one at a time per arena (a decode finding
+it busy runs eagerly): whole windows of files and uploads, and a stream engine's steps — each stream's buffer padded
+to one width and attended under its mask (``padded``: the target's mask too, in the arena as in the eager loop), its
+hint proposed in the draft's place (the draft reads it). K is fixed (the adaptive chooser and the draft's early stop
+change speed only, and would read the host inside a pass); a decode without a draft proposes no hints here (the
+eager loop's hint-only passes change speed only). On a CPU the same passes run without graphs (the tests).
+``ASR_SPEC_STATIC``: ``auto`` (default: on CUDA), ``on`` (any device), ``off``.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from ..models.kv_decoder import CachedDecoder, CrossKV
+from ..models.kv_decoder import CachedDecoder, CrossKV, length_mask
 from ..models.pair import Pair
 from . import passes
 from .passes import PassRead
@@ -40,13 +43,20 @@ from .speculative import DecodingTask, decode_capacity
 
 _ARENAS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target decoder -> {key: Arena}
 _LOOKUP = threading.Lock()
-_REPLAYS = [0]  # CUDA graphs replayed by every arena (the host's work per pass on CUDA: one launch)
+_RUNS = [0]  # passes and prefills every arena has run (replayed as one CUDA graph each on CUDA)
+_INSIDE = threading.local()  # ``.depth`` > 0 while this thread runs an arena's pass or prefill
 CATCH_UP = 2  # tokens the draft feeds before proposing in a static pass: at most two are new after any pass
 
 
-def replays() -> int:
-    """CUDA graph replays so far, every arena's (eval's operation counts count a replay as one operation)."""
-    return _REPLAYS[0]
+def runs() -> int:
+    """Passes and prefills run so far by every arena: on CUDA each is one graph replay (eval's operation counts count
+    one operation for each, and, on a CPU, none for the operations inside it: what a GPU would launch)."""
+    return _RUNS[0]
+
+
+def inside() -> bool:
+    """Whether this thread is running an arena's pass or prefill."""
+    return getattr(_INSIDE, "depth", 0) > 0
 
 
 def bucket(m: int) -> int:
@@ -63,11 +73,15 @@ def wanted(device: torch.device) -> bool:
 
 
 def eligible(decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest], o: DecodeOptions) -> bool:
-    """Whether this decode can be static: asked to (``DecodeOptions.static``), greedy, no hints, no recorded heads,
-    one memory length for the target."""
-    return (o.static and wanted(decoders.target.device) and o.sampler.greedy and not o.attention_heads
-            and decoders.clock is None
-            and all(not r.hint and (r.memory_length in (None, memories.target.shape[1])) for r in requests))
+    """Whether this decode can be static: asked to (``DecodeOptions.static``), greedy, no recorded heads."""
+    return o.static and wanted(decoders.target.device) and o.sampler.greedy and not o.attention_heads \
+        and decoders.clock is None
+
+
+def padded(requests: list[RowRequest]) -> bool:
+    """Whether a decode's rows give their memory lengths (a stream's buffers, padded): every row then attends the
+    padded width under its mask (``DecodeOptions.static``)."""
+    return any(r.memory_length is not None for r in requests)
 
 
 def capture(work: Callable[[], object], warm_ups: int = 2) -> torch.cuda.CUDAGraph:
@@ -90,15 +104,21 @@ class Arena:
     (a CUDA graph on CUDA)."""
 
     def __init__(self, target: CachedDecoder, draft: CachedDecoder | None, k: int, o: DecodeOptions, size: int,
-                 memories: Pair[torch.Tensor], capacity: int):
+                 memories: Pair[torch.Tensor], capacity: int, masked: bool = False):
         dev = target.device
         self.target, self.draft, self.k, self.o, self.size = target, draft, k, o, size
         blank = lambda m: torch.zeros(size, *m.shape[1:], dtype=m.dtype, device=m.device)  # noqa: E731
+        ones = lambda m: torch.ones(size, 1, 1, m.shape[1], dtype=torch.bool, device=dev)  # noqa: E731
         d = None
         if draft is not None:
             d = draft.new_cache(blank(memories.draft), capacity)
-            d.static_mask = torch.ones(size, 1, 1, memories.draft.shape[1], dtype=torch.bool, device=dev)
-        self.slots = Slots.empty(size, capacity, target.new_cache(blank(memories.target), capacity), d)
+            d.static_mask = ones(memories.draft)
+        t = target.new_cache(blank(memories.target), capacity)
+        t.static_mask = ones(memories.target) if masked else None  # padded rows: the target attends under a mask
+        self.slots = Slots.empty(size, capacity, t, d)
+        self.hints = torch.zeros(size, max(k, 1), dtype=torch.long, device=dev)  # each row's next hint tokens
+        self.hinted = torch.zeros(size, dtype=torch.bool, device=dev)  # the rows that propose them
+        self.hinting = False  # whether any row of the last pass did
         self.m = torch.zeros((), dtype=torch.long, device=dev)  # live rows of the pass (the first slots)
         self.out = torch.zeros(size, PassRead.columns(k + 1), dtype=torch.float64, device=dev)
         self.sot_at = torch.zeros(size, 1, dtype=torch.long, device=dev)  # where each prompt's no-speech is read
@@ -106,27 +126,29 @@ class Arena:
         self.graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}  # (bucket,): a pass; (bucket, width): a prefill
         self.lock = threading.Lock()  # held by the one decode using the arena
 
-    def claim_cross(self, at: int, b: int, target: CrossKV | None, draft_memory: torch.Tensor | None,
-                    draft_lengths: list[int] | None) -> None:
-        """Slots at..at+b-1 take b rows' cross-attention keys and values: the target's (where given), the draft's
-        (computed here from its memory, each row masked to its own length)."""
+    def claim_cross(self, at: int, b: int, target: CrossKV | None, lengths: list[int],
+                    draft_memory: torch.Tensor | None, draft_lengths: list[int] | None) -> None:
+        """Slots at..at+b-1 take b rows' cross-attention keys and values: the target's (where given; its mask, where
+        it has one, from ``lengths``), the draft's (computed here from its memory, each row masked to its own
+        length)."""
         rows, s = slice(at, at + b), self.slots
         if target is not None:
             for mine, theirs in zip((*s.target.cross_k, *s.target.cross_v), (*target.keys, *target.values)):
-                mine[rows].copy_(theirs)
+                mine[rows, :, :theirs.shape[2]].copy_(theirs)
+        if s.target.static_mask is not None:
+            s.target.static_mask[rows] = length_mask(lengths, s.target.static_mask.shape[-1], s.n.device)
         if s.draft is not None:
             cross = self.draft.cross_kv(draft_memory)
             for mine, theirs in zip((*s.draft.cross_k, *s.draft.cross_v), (*cross.keys, *cross.values)):
                 mine[rows, :, :theirs.shape[2]].copy_(theirs)
-            width, dev = s.draft.static_mask.shape[-1], s.n.device
-            lengths = torch.tensor(draft_lengths or [draft_memory.shape[1]] * b, device=dev)
-            s.draft.static_mask[rows] = (torch.arange(width, device=dev) < lengths[:, None])[:, None, None, :]
+            s.draft.static_mask[rows] = length_mask(draft_lengths or [draft_memory.shape[1]] * b,
+                                                    s.draft.static_mask.shape[-1], s.n.device)
 
     def _pass(self, b: int) -> None:
         """One pass over the first ``b`` slots (passes.py's, at fixed addresses); idle slots do not move."""
         s = self.slots.first(b)
-        proposals = passes.draft(self.draft, s, self.k, self.o, CATCH_UP, fixed=True)[0] if self.k \
-            else s.n.new_empty(b, 0)
+        proposals = passes.draft(self.draft, s, self.k, self.o, CATCH_UP, fixed=True,
+                                 forced=(self.hints[:b], self.hinted[:b]))[0] if self.k else s.n.new_empty(b, 0)
         live = torch.arange(b, device=s.n.device) < self.m
         self.out[:b].copy_(passes.verify(self.target, s, proposals, self.o, live=live))
 
@@ -162,10 +184,21 @@ class Arena:
         self.m.fill_(m)
         if self.m.is_cuda:
             self.graphs[(b,)].replay()
-            _REPLAYS[0] += 1
+            _RUNS[0] += 1
         else:
-            self._pass(b)
+            _counted(lambda: self._pass(b))
         return self.out[:m].tolist()
+
+    def propose_hints(self, rows: list[list[int] | None]) -> None:
+        """Each live row's next K hint tokens, or None: the draft proposes for it (written before a pass)."""
+        if not any(rows) and not self.hinting:
+            return
+        self.hinting = any(rows)
+        eot, k, m = self.o.eot, self.hints.shape[1], len(rows)
+        self.hints[:m] = torch.tensor([(h or [])[:k] + [eot] * (k - len((h or [])[:k])) for h in rows],
+                                      dtype=torch.long).to(self.hints.device, non_blocking=True)
+        self.hinted.zero_()
+        self.hinted[:m] = torch.tensor([h is not None for h in rows]).to(self.hinted.device, non_blocking=True)
 
     def _run(self, key: tuple[int, ...], work) -> None:
         """On CUDA: capture ``work`` as the graph ``key`` if it is new (after two warm-up runs on a side stream), and
@@ -173,26 +206,37 @@ class Arena:
         idempotent: its warm-up runs write what its replay writes.)"""
         if not self.m.is_cuda:
             if len(key) == 2:
-                work()
+                _counted(work)
             return
         if key not in self.graphs:
             self.graphs[key] = capture(work)
         if len(key) == 2:
             self.graphs[key].replay()
-            _REPLAYS[0] += 1
+            _RUNS[0] += 1
+
+
+def _counted(work: Callable[[], object]) -> None:
+    """An arena's pass or prefill run without a graph (a CPU): counted as one run, what a GPU replays."""
+    _INSIDE.depth = getattr(_INSIDE, "depth", 0) + 1
+    try:
+        work()
+    finally:
+        _INSIDE.depth -= 1
+    _RUNS[0] += 1
 
 
 def arena_for(decoders: Decoders, k: int, o: DecodeOptions, b: int, memories: Pair[torch.Tensor],
-              capacity: int) -> Arena:
-    """The arena of this decoder pair, K, rules and memory lengths with room for ``b`` rows (made, or grown, here)."""
+              capacity: int, masked: bool) -> Arena:
+    """The arena of this decoder pair, K, rules, memory widths and masking (``masked``: padded rows) with room for
+    ``b`` rows (made, or grown, here)."""
     draft = decoders.draft if k else None
     shapes = (memories.target.shape[1], None if draft is None else memories.draft.shape[1])
-    key = (id(draft), k, o.rules.key, o.eot, o.no_speech, shapes, capacity)
+    key = (id(draft), k, o.rules.key, o.eot, o.no_speech, shapes, capacity, masked)
     with _LOOKUP:
         arenas = _ARENAS.setdefault(decoders.target, {})
         if key not in arenas or arenas[key].size < b:
             arenas.pop(key, None)  # its graphs and buffers go (once no decode holds them) before a bigger one is made
-            arenas[key] = Arena(decoders.target, draft, k, o, bucket(b), memories, capacity)
+            arenas[key] = Arena(decoders.target, draft, k, o, bucket(b), memories, capacity, masked)
         return arenas[key]
 
 
@@ -204,11 +248,12 @@ class StaticDecodingTask(DecodingTask):
                  options: DecodeOptions, cross: Pair[CrossKV | None] = Pair(None), arena: Arena | None = None):
         k = options.k if decoders.draft is not None else 0
         self.arena = arena or arena_for(decoders, k, options, len(requests), memories,
-                                        decode_capacity(decoders.target.max_positions, k))
+                                        decode_capacity(decoders.target.max_positions, k), padded(requests))
         super().__init__(decoders, memories, requests, options, cross, slots=self.arena.slots)
         self.reserved = self.arena.size
+        width = memories.target.shape[1]
         self.arena.claim_cross(0, len(requests), cross.target or decoders.target.cross_kv(memories.target),
-                               self.d_memory, self.d_lengths)
+                               [r.memory_length or width for r in requests], self.d_memory, self.d_lengths)
         self.owns_lock = False  # set by ``open_decode``, which took the arena's lock for it
 
     def prefill(self, task: DecodingTask | None = None, at: int = 0) -> None:
@@ -234,12 +279,16 @@ class StaticDecodingTask(DecodingTask):
         """``new``'s rows take the free slots after the live rows, and are prefilled there."""
         at, j = len(self.live), len(new.live)
         self.slots.put(at, new.slots, j)  # their tokens, lengths, rule states, the target's cross-attention
-        self.arena.claim_cross(at, j, None, new.d_memory, new.d_lengths)
+        self.arena.claim_cross(at, j, None, [r.request.memory_length or self.slots.target.cross_k[0].shape[2]
+                                             for r in new.live], new.d_memory, new.d_lengths)
         self.prefill(new, at)
 
     def one_pass(self) -> None:
+        hinted = [self.k > 0 and r.hinted() for r in self.live]
+        self.arena.propose_hints([r.hint[r.generated:r.generated + self.k] if h else None
+                                  for r, h in zip(self.live, hinted)])
         reads = [PassRead(v, self.k + 1) for v in self.arena.run_pass(len(self.live))]
-        self.book(reads, [False] * len(self.live), self.k, self.k)
+        self.book(reads, hinted, self.k, self.k)
 
     def close(self) -> None:
         """Gives the arena back to other decodes (its slots stay as they are: the next decode claims them)."""
@@ -258,7 +307,7 @@ def open_decode(decoders: Decoders, memories: Pair[torch.Tensor], requests: list
     if eligible(decoders, memories, requests, options):
         k = options.k if decoders.draft is not None else 0
         arena = arena_for(decoders, k, options, max(len(requests), room), memories,
-                          decode_capacity(decoders.target.max_positions, k))
+                          decode_capacity(decoders.target.max_positions, k), padded(requests))
         if arena.lock.acquire(blocking=False):
             try:
                 task = StaticDecodingTask(decoders, memories, requests, options, cross, arena)

@@ -164,20 +164,21 @@ class EngineProbe:
 class OpCount:
     """The torch operations the engine issues per step, counted on any machine: every ``every``-th call of
     ``engine.step`` (wrapped, as :class:`EngineProbe` wraps it) runs under a dispatch-mode counter (each operation
-    the host dispatches counts one; a CUDA graph's replay counts one: ``decoding.static.replays``). What those steps
+    the host dispatches counts one; a static decode's pass or prefill counts one, ``decoding.static.runs``: on CUDA
+    it is one graph replay, on a CPU its operations run but are not counted — what a GPU would launch). What those steps
     decoded: ``ticks``, ``rows`` (stream-steps), ``ops``. The counter slows the counted steps (a Python call per
     operation), so only a sample of them is counted."""
 
     def __init__(self, engine: Engine, every: int = 10):
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        from ..decoding.static import replays
+        from ..decoding.static import inside, runs
 
         class Counter(TorchDispatchMode):
             ops = 0
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                Counter.ops += 1
+                Counter.ops += not inside()
                 return func(*args, **(kwargs or {}))
 
         self.ticks = self.rows = self.ops = 0
@@ -187,13 +188,13 @@ class OpCount:
             calls[0] += 1
             if calls[0] % every:
                 return step()
-            ticks, decodes, graphs, Counter.ops = engine.ticks, engine.decodes, replays(), 0
+            ticks, decodes, graphs, Counter.ops = engine.ticks, engine.decodes, runs(), 0
             with Counter():
                 out = step()
             if engine.ticks > ticks:
                 self.ticks += 1
                 self.rows += engine.decodes - decodes
-                self.ops += Counter.ops + replays() - graphs
+                self.ops += Counter.ops + runs() - graphs
             return out
 
         engine.step = counted

@@ -65,7 +65,8 @@ class KVCache:
     cross_k: list[torch.Tensor]  # per layer [B, H, S, Dh]
     cross_v: list[torch.Tensor]
     cross_lengths: list[int] | None = None  # encoder positions each row attends to (ragged memories; None: all S)
-    # a fixed-address [B, 1, 1, S] mask kept by its owner in place of ``cross_lengths``' (a static decode's arena)
+    # a [B, 1, 1, S] mask kept by its owner in place of ``cross_lengths``' (a static decode's arena, at fixed
+    # addresses; a padded decode's): every row then attends the whole width S under it, exact decoders too
     static_mask: torch.Tensor | None = None
 
     def rows(self, b: int | slice) -> "KVCache":
@@ -84,7 +85,9 @@ class KVCache:
             return self
         more = lambda ts: [torch.cat([t, t.new_zeros(room - b, *t.shape[1:])]) for t in ts]  # noqa: E731
         lengths = None if self.cross_lengths is None else self.cross_lengths + [self.cross_k[0].shape[2]] * (room - b)
-        return KVCache(more(self.self_k), more(self.self_v), more(self.cross_k), more(self.cross_v), lengths)
+        mask = None if self.static_mask is None else torch.cat([self.static_mask, self.static_mask.new_ones(
+            room - b, *self.static_mask.shape[1:])])
+        return KVCache(more(self.self_k), more(self.self_v), more(self.cross_k), more(self.cross_v), lengths, mask)
 
     def widened(self, s: int) -> "KVCache":
         """These rows with room for memories of ``s`` positions (each row still attends to its own length)."""
@@ -118,9 +121,7 @@ class KVCache:
             return self.static_mask
         if self.cross_lengths is None:
             return None
-        at = self.cross_k[0].device
-        return (torch.arange(self.cross_k[0].shape[2], device=at)[None, :]
-                < torch.tensor(self.cross_lengths, device=at)[:, None])[:, None, None, :]
+        return length_mask(self.cross_lengths, self.cross_k[0].shape[2], self.cross_k[0].device)
 
     @cached_property
     def cross_groups(self) -> list[tuple[int, slice | torch.Tensor]]:
@@ -138,6 +139,11 @@ class KVCache:
         return groups
 
 
+def length_mask(lengths: list[int], width: int, device: torch.device) -> torch.Tensor:
+    """[B, 1, 1, width]: True at the first ``lengths[b]`` encoder positions of row b."""
+    return (torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None])[:, None, None]
+
+
 class CrossKV(NamedTuple):
     """A decoder's cross-attention keys and values of some encoder output, per layer [B, H, S, Dh]."""
     keys: list[torch.Tensor]
@@ -148,10 +154,10 @@ class CrossKV(NamedTuple):
         return CrossKV([f(t) for t in self.keys], [f(t) for t in self.values])
 
 
-def stack_cross(rows: list[CrossKV]) -> CrossKV:
-    """Rows' cross-attention keys and values [1, H, S_i, Dh] as one batch [B, H, max S, Dh] (zeros after each row's
-    length: give the rows their lengths so that attention masks them)."""
-    longest = max(r.keys[0].shape[2] for r in rows)
+def stack_cross(rows: list[CrossKV], width: int | None = None) -> CrossKV:
+    """Rows' cross-attention keys and values [1, H, S_i, Dh] as one batch [B, H, max S (or ``width``), Dh] (zeros
+    after each row's length: give the rows their lengths so that attention masks them)."""
+    longest = max(width or 0, *(r.keys[0].shape[2] for r in rows))
     pad = lambda t: F.pad(t, (0, 0, 0, longest - t.shape[2]))  # noqa: E731
     stack = lambda parts: [torch.cat([pad(t) for t in layer]) for layer in zip(*parts)]  # noqa: E731
     return CrossKV(stack([r.keys for r in rows]), stack([r.values for r in rows]))
@@ -302,10 +308,11 @@ class CachedDecoder:
             """Cross-attention of layer i (with ``scores``, its scores before the softmax into ``cross_scores``). Each
             memory length's rows attend on their own (``KVCache.cross_groups``): an exact decoder's bits must not
             depend on the padding, and on a CPU a draft reads only its rows' own positions, not the longest row's
-            (results.md, "Pass budget at batch 8"). A draft on CUDA, or in a static decode (no lengths on the host),
-            masks instead: one call (a few kernels against a call per length)."""
+            (results.md, "Pass budget at batch 8"). A draft on CUDA, and any decoder over a cache with a kept mask
+            (``static_mask``: a static decode's arena, or a padded decode's rows: their bits then depend on their own
+            length and the fixed width only), masks instead: one call (a few kernels against a call per length)."""
             k, v = cache.cross_k[i], cache.cross_v[i]
-            masked = not self.exact and (q.is_cuda or cache.static_mask is not None)
+            masked = cache.static_mask is not None or (not self.exact and q.is_cuda)
             if masked and not scores:  # one masked call, its output as it is
                 return attend(q, k, v, cache.cross_mask)
             groups = [(k.shape[2], slice(None))] if masked else cache.cross_groups

@@ -1,6 +1,10 @@
 """One engine step's decode: the requests of several streams, encoded each at its own length and decoded as one
 ragged speculative batch, with Whisper's temperature fallback and AlignAtt's word alignment.
 
+Where the device wants static decodes (``ASR_SPEC_STATIC``: CUDA by default), every buffer is padded to 30 s
+(``PADDED``) and the decode may run in a static decode's arena (its passes replayed as CUDA graphs): each row attends
+its own length under a mask, so its bits depend on nothing else, eager or static (decoding/static.py).
+
 A row encoded shorter than Whisper's 30 s window that looks looped, or (a committing row) fails Whisper's checks, is
 decoded again on Whisper's padded 30 s window, and a committing row that still fails them climbs the temperature ladder:
 ``Recognizer.retry`` decides, as it does for files. AlignAtt's rows have their continuations aligned together, in
@@ -15,6 +19,7 @@ from functools import partial
 import torch
 
 from ..alignment import Alignment, Word, align, align_many, alignment_heads, decoded_words
+from ..decoding import static
 from ..decoding.rows import SAMPLE_LEN, RowResult
 from ..features import HOP, N_FRAMES, SAMPLE_RATE
 from ..models.kv_decoder import CrossKV, stack_cross
@@ -26,6 +31,7 @@ from .events import Aligner
 from .request import Decoded, StreamRequest
 
 log = logging.getLogger(__name__)
+PADDED = N_FRAMES // 2  # encoder positions every buffer is padded to where decodes may be static: 30 s
 
 
 def decode_apart(rec: Recognizer, requests: list[StreamRequest], config: EngineConfig) -> list[Decoded | Exception]:
@@ -55,7 +61,8 @@ def encode(rec: Recognizer, requests: list[StreamRequest], config: EngineConfig)
 def decode_batch(rec: Recognizer, requests: list[StreamRequest], c: EngineConfig) -> list[Decoded]:
     encoded = encode(rec, requests, c)
     lengths = [e.positions for e in encoded]
-    memories = _memories(encoded)
+    width = PADDED if static.wanted(rec.target.decoder.device) else None
+    memories = _memories(encoded, width)
     languages = [r.language for r in requests]
     if rec.vocab.multilingual and None in languages:
         detected = rec.detect_language(memories.target, lengths, [r.languages for r in requests])
@@ -67,10 +74,10 @@ def decode_batch(rec: Recognizer, requests: list[StreamRequest], c: EngineConfig
     recorded = c.alignment is WordTiming.DECODE and any(r.aligns for r in requests)
     heads = tuple(alignment_heads(rec.target)) if recorded else ()
     decode = partial(rec.decode, k=c.k, draft_stop=c.draft_stop, seed=c.checks.seed, keep_cross=True,
-                     attention_heads=heads)
+                     attention_heads=heads, static=width is not None)
     short = [n < N_FRAMES // 2 for n in lengths]  # encoded shorter than 30 s: decoded again on 30 s if it loops
     results = decode(memories, [replace(row, memory_length=n, give_up=partial(rec.looping, positions=n) if s else None)
-                                for row, n, s in zip(rows, lengths, short)], cross=_cross(encoded))
+                                for row, n, s in zip(rows, lengths, short)], cross=_cross(encoded, width))
     rounds = [_Fallback(e, not s) for e, s in zip(encoded, short)]
     todo = list(range(len(requests)))
     while todo:  # Whisper's fallback, the rows that need another decode decoded together, round by round
@@ -78,9 +85,9 @@ def decode_batch(rec: Recognizer, requests: list[StreamRequest], c: EngineConfig
         for attempt in sorted({rounds[i].attempt for i in todo}):
             group = [i for i in todo if rounds[i].attempt == attempt]
             own = [rounds[i].own for i in group]
-            again = decode(_memories(own), [replace(rows[i], key=(attempt,), memory_length=e.positions)
-                                            for i, e in zip(group, own)],
-                           c.checks.temperatures[attempt], cross=_cross(own))
+            again = decode(_memories(own, width), [replace(rows[i], key=(attempt,), memory_length=e.positions)
+                                                   for i, e in zip(group, own)],
+                           c.checks.temperatures[attempt], cross=_cross(own, width))
             for i, result in zip(group, again):
                 results[i] = result
     memory, fallbacks = [f.own.memory for f in rounds], [f.tries for f in rounds]
@@ -130,20 +137,20 @@ def _cut_overrun(rec: Recognizer, result: RowResult, positions: int, prefix: int
     return replace(result, tokens=result.tokens[:cut], sum_logprob=sum(kept), logprobs=kept, attention=attention)
 
 
-def _memories(encoded: list[Encoded]) -> Pair[torch.Tensor]:
-    """The rows' encoder outputs as one batch each (zeros after each row's length)."""
+def _memories(encoded: list[Encoded], width: int | None) -> Pair[torch.Tensor]:
+    """The rows' encoder outputs as one batch each (zeros after each row's length; to ``width`` where given)."""
     draft = encoded[0].draft_memory is not None
-    return Pair(pad_memories([e.memory for e in encoded]),
-                pad_memories([e.draft_memory for e in encoded]) if draft else None)
+    return Pair(pad_memories([e.memory for e in encoded], width),
+                pad_memories([e.draft_memory for e in encoded], width) if draft else None)
 
 
-def _cross(encoded: list[Encoded]) -> Pair[CrossKV | None]:
+def _cross(encoded: list[Encoded], width: int | None) -> Pair[CrossKV | None]:
     """The rows' cross-attention keys and values as one batch each, where every row's are known."""
-    return Pair(_stacked([e.cross for e in encoded]), _stacked([e.draft_cross for e in encoded]))
+    return Pair(_stacked([e.cross for e in encoded], width), _stacked([e.draft_cross for e in encoded], width))
 
 
-def _stacked(rows: list[CrossKV | None]) -> CrossKV | None:
-    return stack_cross(rows) if rows and all(r is not None for r in rows) else None
+def _stacked(rows: list[CrossKV | None], width: int | None) -> CrossKV | None:
+    return stack_cross(rows, width) if rows and all(r is not None for r in rows) else None
 
 
 def _aligner(rec: Recognizer, request: StreamRequest, memory: torch.Tensor, language: str | None,
