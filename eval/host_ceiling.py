@@ -8,7 +8,9 @@ pacing, no server), with serve's compute type and engine settings (batch, load s
 (asr_spec.models.tiny: 2 decoder layers of width 32, no draft, which never ends a text: ~100 passes a window);
 ``--model tiny.en`` the real whisper-tiny.en from its PyPI package (it ends its texts, as real streams do), with
 ``--draft layers:0`` an untrained one-layer draft. Each row also counts the torch operations the engine issues per
-step and per stream-step (``OpCount``: a CUDA graph's replay counts one). The model's arithmetic is next to nothing, so the engine's busy seconds per second of audio are
+step and per stream-step (``OpCount``: a static decode's pass or prefill counts one — a CUDA graph's replay; on a
+CPU with ``ASR_SPEC_STATIC=on`` what a GPU would replay). The model's arithmetic is next to nothing, so the engine's
+busy seconds per second of audio are
 what the host spends per stream: scheduling, voice detection, log-mel, the decode loop's Python and small
 operations, alignment. That is the limit the host puts on any accelerator: at 0.05 s per audio second, a GPU behind
 this host serves at most 20 streams at real time whatever its speed.
