@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks as one prepared script, for a lent GPU machine (docs/development.md, "On a lent GPU"): exactness
 # by pass and row count, the dev set target-only vs speculative at float16 (batch 1 and 8; static decode and eager),
-# the pass budget, the live engine at 16 and 64 sessions, the host ceiling. Each step has its own deadline and leaves its
+# the pass budget, the live engine at 16, 64, 128 and 256 sessions, the host ceiling. Each step has its own deadline and leaves its
 # results in $OUT as soon as it ends, so a run cut short still returns what it did.
 #
 #   GPU_DATA=/tmp/gpu OUT=/tmp/out bash eval/gpu_check.sh          # on the GPU machine
@@ -42,7 +42,7 @@ PY="python3"
 [ "$DEVICE" = cpu ] && PY="python"
 MANIFEST=$DATA/dev/manifest.jsonl
 export ASR_SPEC_DEV=$DATA/dev PYTHONUNBUFFERED=1
-if [ -n "${QUICK:-}" ]; then LIMIT="--limit 2"; FILES=2; SESS=2; SECS=5; HOST=4; else LIMIT=""; FILES=16; SESS=16,64; SECS=30; HOST=16,64; fi
+if [ -n "${QUICK:-}" ]; then LIMIT="--limit 2"; FILES=2; SESS=2; SECS=5; HOST=4; else LIMIT=""; FILES=16; SESS=16,64,128,256; SECS=20; HOST=16,64; fi
 
 [ -z "${SKIP_EXACT:-}" ] && step 45 $PY eval/experiments/exact_rows.py --device "$DEVICE" --compute-type "$TYPE",bfloat16,int8 > "$OUT/exact-rows.txt" 2>&1
 # the dev set with each static mode (ASR_SPEC_STATIC: auto = the static decode replayed as CUDA graphs on CUDA; off =
@@ -54,9 +54,13 @@ for mode in ${STATIC_MODES:-auto}; do
     --threads "$THREADS" --out "$WORK/eval-$mode")
   cp "$WORK/eval-$mode/results.json" "$OUT/eval-$TYPE-static-$mode.json" 2>/dev/null
 done
-[ -z "${SKIP_STREAMING:-}" ] && step 180 $PY eval/bench_streaming.py --device "$DEVICE" --compute-type "$TYPE" \
-  --seconds "$SECS" --skip-wer --sessions "$SESS" --threads "$THREADS" --out "$WORK/streaming"
-cp "$WORK/streaming/results.json" "$OUT/streaming.json" 2>/dev/null
+# the live engine (its steps static on CUDA since issue 48: ASR_SPEC_STATIC=auto; STREAM_MODES="auto off" compares)
+for mode in ${STREAM_MODES:-auto}; do
+  [ -z "${SKIP_STREAMING:-}" ] && ASR_SPEC_STATIC=$mode step "${STREAM_SECS_LIMIT:-300}" $PY eval/bench_streaming.py \
+    --device "$DEVICE" --compute-type "$TYPE" --seconds "$SECS" --skip-wer --sessions "${STREAM_SESS:-$SESS}" \
+    --threads "$THREADS" --out "$WORK/streaming-$mode"
+  cp "$WORK/streaming-$mode/results.json" "$OUT/streaming-static-$mode.json" 2>/dev/null
+done
 [ -z "${SKIP_BUDGET:-}" ] && step 60 $PY eval/pass_budget.py --device "$DEVICE" --compute-type "$TYPE" --files "$FILES" --systems target,spec \
   --threads "$THREADS" --manifest "$MANIFEST" --out "$OUT/pass-budget.json"
 [ -z "${SKIP_HOST:-}" ] && step 70 $PY eval/host_ceiling.py --device "$DEVICE" --sessions "$HOST" --seconds 20 --threads "$THREADS" \
