@@ -235,6 +235,8 @@ COLUMNS: list[tuple[str, Callable[[dict], object]]] = [
                                                           f"{r.get('decoder_passes_per_tick', '—')}"),
     ("torch operations per tick / per stream-step", lambda r: f"{r.get('ops_per_tick', '—')} / "
                                                                f"{r.get('ops_per_stream_step', '—')}"),
+    ("decodes per tick: static / eager (sampling fallbacks, a busy arena, ASR_SPEC_STATIC off)",
+     lambda r: f"{r.get('static_decodes_per_tick', '—')} / {r.get('eager_decodes_per_tick', '—')}"),
     ("words timed", lambda r: r["words"]),
     ("words missing / offline", lambda r: f"{r['words_missing']} / {r['words_offline']}"),
     ("close lag max s", lambda r: r["close_lag_max_s"]),

@@ -45,6 +45,7 @@ _ARENAS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target decod
 _LOOKUP = threading.Lock()
 _RUNS = [0]  # passes and prefills every arena has run (replayed as one CUDA graph each on CUDA)
 _INSIDE = threading.local()  # ``.depth`` > 0 while this thread runs an arena's pass or prefill
+_OPENED = {"static": 0, "eager": 0}  # decodes that asked to be static (``DecodeOptions.static``), by how they ran
 CATCH_UP = 2  # tokens the draft feeds before proposing in a static pass: at most two are new after any pass
 
 
@@ -52,6 +53,12 @@ def runs() -> int:
     """Passes and prefills run so far by every arena: on CUDA each is one graph replay (eval's operation counts count
     one operation for each, and, on a CPU, none for the operations inside it: what a GPU would launch)."""
     return _RUNS[0]
+
+
+def opened() -> dict[str, int]:
+    """Decodes so far that asked to be static, by how they ran: ``static``, or ``eager`` (sampling fallbacks,
+    recorded heads, an arena busy with another thread's decode, or ``ASR_SPEC_STATIC`` off)."""
+    return dict(_OPENED)
 
 
 def inside() -> bool:
@@ -312,10 +319,13 @@ def open_decode(decoders: Decoders, memories: Pair[torch.Tensor], requests: list
             try:
                 task = StaticDecodingTask(decoders, memories, requests, options, cross, arena)
                 task.owns_lock = True
+                _OPENED["static"] += 1
                 return task
             except BaseException:
                 arena.lock.release()
                 raise
+    if options.static:
+        _OPENED["eager"] += 1
     return DecodingTask(decoders, memories, requests, options, cross, room)
 
 

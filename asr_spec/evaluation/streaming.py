@@ -172,7 +172,7 @@ class OpCount:
     def __init__(self, engine: Engine, every: int = 10):
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        from ..decoding.static import inside, runs
+        from ..decoding.static import inside, opened, runs
 
         class Counter(TorchDispatchMode):
             ops = 0
@@ -182,6 +182,7 @@ class OpCount:
                 return func(*args, **(kwargs or {}))
 
         self.ticks = self.rows = self.ops = 0
+        self.engine, self.opened, self.since = engine, opened, (engine.ticks, opened())
         calls, step = [0], engine.step
 
         def counted():
@@ -200,9 +201,14 @@ class OpCount:
         engine.step = counted
 
     def figures(self) -> dict[str, float | None]:
+        """Operations per tick and per stream-step (the counted steps), and every tick's decodes by how they ran
+        (``static``, or ``eager``: what stays in the eager loop, e.g. sampling fallbacks)."""
+        ticks, now = self.engine.ticks - self.since[0], self.opened()
+        per_tick = {k: round((now[k] - self.since[1][k]) / ticks, 2) if ticks else None for k in now}
         return {"ops_per_tick": round(self.ops / self.ticks, 1) if self.ticks else None,
                 "ops_per_stream_step": round(self.ops / self.rows, 1) if self.rows else None,
-                "ops_ticks_counted": self.ticks}
+                "ops_ticks_counted": self.ticks, "static_decodes_per_tick": per_tick["static"],
+                "eager_decodes_per_tick": per_tick["eager"]}
 
 
 def feed_unpaced(engine: Engine, audios: list[np.ndarray], chunk_s: float = 0.5) -> float:
