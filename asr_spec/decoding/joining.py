@@ -17,8 +17,10 @@ class JoinRows:
     """What :class:`~asr_spec.decoding.speculative.DecodingTask` does to let rows join it."""
 
     def can_join(self, memories: Pair[torch.Tensor], requests: list[RowRequest]) -> bool:
-        """Whether these rows may join this decode now: its slots have room for them."""
-        return not self.o.attention_heads and self.d_cross is None and len(self.live) + len(requests) <= self.reserved
+        """Whether these rows may join this decode now: its slots have room for them (not a padded decode's: its
+        rows attend under a kept mask)."""
+        return not self.o.attention_heads and self.d_cross is None and self.slots.target.static_mask is None \
+            and len(self.live) + len(requests) <= self.reserved
 
     @torch.inference_mode()
     def join(self, memories: Pair[torch.Tensor], requests: list[RowRequest]) -> range:
