@@ -46,6 +46,10 @@ def test_distill_writes_a_draft_that_decodes_exactly_and_resumes(tmp_path, base_
                for e in torch.load(f, weights_only=False))
     assert 0 <= report["held_aside_acceptance"] <= 1
     assert "asr_spec distill" in (out / "README.md").read_text()
+    hours = report["audio_hours"]  # the real clips' length, summed from the audio itself
+    real_s = sum(len(load_audio(f)) for f in audio.glob("*.flac")) / 16000
+    assert hours["real"] * 3600 == pytest.approx(real_s, abs=15) and 0 < hours["tts"] and 0 < hours["session"]
+    assert "Hours of audio by kind: real clips" in (out / "README.md").read_text()
 
     draft = load_draft(str(out), base_model)
     assert draft.decoder.head_ids is not None and draft.encoder is None

@@ -25,6 +25,7 @@ token, so transcripts are the target's own whatever the draft proposes.
   them (previous text as prompt, timestamps, seeking), all labelled by the target's greedy decoding
   ({ex['held_aside']} held aside). Audio: {', '.join(report['options']['audio']) or 'none'}; text for synthesis:
   {', '.join(Path(t).name for t in report['options']['text']) or 'none'}. No evaluation data.
+- Hours of audio by kind: {_hours(report.get('audio_hours', {}))}.
 - Loss: KL to the target's top-{report['options']['top_k']} distribution (renormalised on the head) +
   {report['options']['ce_weight']} x cross-entropy on its greedy tokens; {100 * report['options'].get('on_policy', 0):.0f} % of
   each batch on the draft's own proposals ({report['options'].get('policy_steps', 0)} tokens from a random point of
@@ -37,3 +38,8 @@ token, so transcripts are the target's own whatever the draft proposes.
 {history}
 """
     (out / "README.md").write_text(card)
+
+
+def _hours(hours: dict[str, float]) -> str:
+    names = {"real": "real clips", "aug": "augmented copies", "tts": "synthesized", "session": "real clips joined into recordings (the same audio again)"}
+    return "; ".join(f"{names.get(k, k)} {v:.2f} h" for k, v in hours.items()) or "not recorded"

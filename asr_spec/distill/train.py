@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from tqdm import tqdm
 
+from ..audio import SAMPLE_RATE
 from ..models.loader import DRAFT_META, Whisper, distilled_decoder, load_target, save_distilled
 from .data import Example, audio_files, augmented, clips, label, label_sessions, sessions, synthesize
 from .onpolicy import on_policy
@@ -68,8 +69,9 @@ def _log(msg: str) -> None:
     tqdm.write(msg, file=sys.stderr)
 
 
-def build_data(o: DistillOptions, target: Whisper) -> list[Example]:
-    """Label every clip once; shards in out/cache make a rerun resume where it stopped."""
+def build_data(o: DistillOptions, target: Whisper) -> tuple[list[Example], dict[str, float]]:
+    """Label every clip once; shards in out/cache make a rerun resume where it stopped. Returns the examples and the
+    hours of audio behind them by kind (``session``: the real clips again, joined into recordings)."""
     cache = workdir(o) / ("cache" if o.compute_type == "float32" else f"cache-{o.compute_type}")
     cache.mkdir(parents=True, exist_ok=True)
     sources: list[tuple[str, list[Path]]] = [("real", audio_files(list(o.audio)))]
@@ -80,8 +82,10 @@ def build_data(o: DistillOptions, target: Whisper) -> list[Example]:
         _log(f"synthesizing {o.tts_clips} clips with {', '.join(engines)}")
         sources.append(("tts", synthesize(list(o.text), o.tts_clips, cache / "tts", engines, o.seed)))
     examples: list[Example] = []
+    hours: dict[str, float] = {}
     if o.session_s and sources[0][1]:
         recordings = sessions(sources[0][1], o.session_s)
+        hours["session"] = sum(len(a) for _, a in recordings) / SAMPLE_RATE / 3600
         bar = tqdm(total=len(recordings), desc="labelling recordings window by window", unit="recording")
         for n, start in enumerate(range(0, len(recordings), o.label_batch)):
             shard = cache / f"session-{n:05d}.pt"
@@ -96,6 +100,7 @@ def build_data(o: DistillOptions, target: Whisper) -> list[Example]:
     if o.augment and labelled[0][1]:  # copies of the real clips, changed (augment.py): shards of their own
         labelled.append(("aug", augmented(labelled[0][1], o.augment, o.seed)))
     for source, items in labelled:
+        hours[source] = sum(len(a) for _, _, a in items) / SAMPLE_RATE / 3600
         bar = tqdm(total=len(items), desc=f"labelling {source} clips with the target", unit="clip")
         for n, start in enumerate(range(0, len(items), o.label_batch)):
             shard = cache / f"{source}-{n:05d}.pt"
@@ -112,7 +117,7 @@ def build_data(o: DistillOptions, target: Whisper) -> list[Example]:
             examples += got
             bar.update(len(batch))
         bar.close()
-    return examples
+    return examples, {k: round(v, 3) for k, v in hours.items()}
 
 
 def choose_shortlist(o: DistillOptions, target: Whisper, train: list[Example]) -> list[int] | None:
@@ -204,8 +209,8 @@ def distill(o: DistillOptions) -> dict:
         p.requires_grad_(False)
     t0 = time.perf_counter()
     # labels at the compute type the draft will serve (the draft learns that target's tokens)
-    examples = build_data(o, target if o.compute_type == "float32" else
-                          load_target(o.target, o.device, compute_type=o.compute_type))
+    examples, hours = build_data(o, target if o.compute_type == "float32" else
+                                 load_target(o.target, o.device, compute_type=o.compute_type))
     label_seconds = time.perf_counter() - t0
     held = [e for e in examples if e.held_aside] or examples[-1:]  # small runs: hold at least one aside
     train = [e for e in examples if e not in held]
@@ -314,6 +319,7 @@ def distill(o: DistillOptions) -> dict:
         "held_aside_label_coverage": round(float(coverage), 4),
         "examples": {"train": len(train), "held_aside": len(held),
                      **{source: sum(e.source == source for e in examples) for source in ("real", "aug", "tts", "session")}},
+        "audio_hours": hours,
         "steps": state.step, "train_seconds": round(state.seconds, 1), "label_seconds": round(label_seconds, 1),
         "held_aside_acceptance": round(acceptance, 4), "history": state.history,
         "options": _jsonable(o),
