@@ -67,10 +67,13 @@ def test_distill_writes_a_draft_that_decodes_exactly_and_resumes(tmp_path, base_
 
     tuned = tmp_path / "tuned"  # fine-tuning the draft keeps its shortlist and stays exact
     # ... with augmented copies of the real clips and on-policy batches (the draft's own paths)
+    # ... on two of the real clips one by one (the recordings still join all six)
     r = distill(*[a if a != str(out) else str(tuned) for a in common], "--steps", "2", "--init", str(out),
-                "--augment", "1", "--on-policy", "0.5")
+                "--augment", "1", "--on-policy", "0.5", "--real-clips", "2")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert json.loads((tuned / "report.json").read_text())["examples"]["aug"] > 0
+    examples = json.loads((tuned / "report.json").read_text())["examples"]
+    assert examples["aug"] > 0 and examples["real"] < report["examples"]["real"]
+    assert examples["session"] == report["examples"]["session"]
     assert json.loads((tuned / "asr_spec_draft.json").read_text())["head_ids"] == draft.decoder.head_ids.tolist()
     spec = Transcriber(base_model, load_draft(str(tuned), base_model)).decode(memories, [prompt], k=4)[0]
     assert spec.tokens == ref.tokens

@@ -23,6 +23,8 @@ class DistillSettings:
     layers: str = option("", "target decoder layers to initialise from (default: first,last)")
     head_size: int = option(4000, "text tokens in the draft's output layer (0: all)")
     tts_clips: int = option(600, "clips to synthesize from --text")
+    real_clips: int = option(0, "label only the first N real clips one by one (0: all; --session-seconds' recordings "
+                             "use every clip)")
     tts_engines: str = option("", "comma list of espeak-ng, flite, festival (default: installed)")
     session_seconds: float = option(120.0, "also join consecutive real clips into recordings this long and label "
                                     "them window by window as transcribe decodes them (previous text as prompt); 0: off")
@@ -49,7 +51,7 @@ class DistillSettings:
         return DistillOptions(target=self.target, out=Path(self.out), work=Path(self.work) if self.work else None,
                               audio=tuple(Path(a) for a in self.audio), text=tuple(Path(t) for t in self.text),
                               layers=tuple(int(i) for i in self.layers.split(",")) if self.layers else (),
-                              head_size=self.head_size, tts_clips=self.tts_clips,
+                              head_size=self.head_size, tts_clips=self.tts_clips, real_clips=self.real_clips,
                               tts_engines=tuple(e for e in self.tts_engines.split(",") if e), minutes=self.minutes,
                               max_steps=self.steps, batch=self.batch, lr=self.lr, seed=self.seed,
                               session_s=self.session_seconds, init=Path(self.init) if self.init else None,

@@ -33,6 +33,7 @@ class DistillOptions:
     layers: tuple[int, ...] = ()  # target layers to start from; default: first and last
     head_size: int = 4000  # text tokens in the draft's output layer (0: full vocabulary)
     tts_clips: int = 600
+    real_clips: int = 0  # label only the first N real clips one by one (0: all; the recordings use every clip)
     tts_engines: tuple[str, ...] = ()  # default: every engine installed
     notimestamps_every: int = 4  # also label every Nth clip in <|notimestamps|> mode
     session_s: float = 120.0  # also join real clips into recordings this long, labelled window by window as
@@ -96,6 +97,8 @@ def build_data(o: DistillOptions, target: Whisper) -> tuple[list[Example], dict[
             examples += torch.load(shard, weights_only=False)
             bar.update(len(part))
         bar.close()
+    if o.real_clips:  # the first N (sorted): a later run with more extends the same shards
+        sources[0] = ("real", sources[0][1][:o.real_clips])
     labelled = [(source, list(clips(files, source))) for source, files in sources]
     if o.augment and labelled[0][1]:  # copies of the real clips, changed (augment.py): shards of their own
         labelled.append(("aug", augmented(labelled[0][1], o.augment, o.seed)))
@@ -105,8 +108,9 @@ def build_data(o: DistillOptions, target: Whisper) -> tuple[list[Example], dict[
         for n, start in enumerate(range(0, len(items), o.label_batch)):
             shard = cache / f"{source}-{n:05d}.pt"
             batch = items[start:start + o.label_batch]
-            if shard.exists():
-                got = torch.load(shard, weights_only=False)
+            if shard.exists():  # only this batch's clips (a run with fewer --real-clips ends inside a shard)
+                ids = {cid for cid, _, _ in batch}
+                got = [e for e in torch.load(shard, weights_only=False) if e.id.split("#")[0] in ids]
             else:
                 got = label(target, batch, o.top_k, timestamps=True)
                 extra = [b for j, b in enumerate(batch) if (start + j) % o.notimestamps_every == 0]
