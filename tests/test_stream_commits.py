@@ -166,6 +166,21 @@ def test_every_sample_leaves_the_buffer_once(tokenizer):
     assert s.stats.skipped_s == pytest.approx(3.0) and s.stats.decoded_s == 0 and s.flushes == 1
 
 
+def test_a_close_waits_for_the_audio_sent_before_it(tokenizer):
+    """The last frame and ``close`` can arrive between the engine's voice detection and its decode (the server's
+    receiving thread feeds while the engine's thread works). The final then waits for that frame: decoded without
+    it, the frame was left to be decoded alone after the final, and Whisper answered a tenth of a second of the JFK
+    clip's end with " you" (CI) or with the prompt again ("can do for you, ask")."""
+    s = _stream(tokenizer, 2.0)
+    s.feed(np.zeros(1600, np.float32))  # 0.1 s received, not yet listened to
+    s.flush(close=True)
+    assert s.due() is not RequestKind.FINAL
+    s.listen()
+    assert s.due() is RequestKind.FINAL and len(s.request(RequestKind.FINAL).audio) == 2.1 * 16000
+    s.apply(s.request(RequestKind.FINAL), Decoded(_result([])))
+    assert s.flushes == 1 and s.intake.buffer_s == 0 and s.due() is None
+
+
 def test_a_streams_hotwords_go_with_every_decode_it_asks_for(tokenizer):
     """``StreamConfig.hotwords`` (serve --hotwords, a start message's ``hotwords``): each request carries their
     tokens for the prompt (streaming/decode.py puts them before the context); none without."""

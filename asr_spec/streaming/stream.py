@@ -84,9 +84,12 @@ class Stream:
     def due(self, min_step_s: float = 0.0, share: float = 1.0) -> RequestKind | None:
         """What the buffer needs now (after ``listen``): FINAL (decode and commit everything: end of utterance
         or flush), WINDOW (the buffer is full: commit its first window), PARTIAL (re-decode: ``share`` of
-        ``step_s`` of new audio, or of ``min_step_s`` when the engine asks for more under load), or None."""
+        ``step_s`` of new audio, or of ``min_step_s`` when the engine asks for more under load), or None. A flush is
+        due once the buffer holds all the audio received before it: audio and a ``close`` that arrive between the
+        engine's ``listen`` and its decode would otherwise leave the last frame to be decoded alone, and Whisper
+        answers a tenth of a second of audio with a hallucination ("you", or the prompt again)."""
         c, intake = self.config, self.intake
-        if self.flush_requested:
+        if self.flush_requested and intake.end >= self.flush_upto - 1e-6:
             return RequestKind.FINAL
         if not intake.speech:
             return None
