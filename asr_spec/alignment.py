@@ -180,7 +180,10 @@ def align_many(model: Whisper, windows: list[Alignment]) -> list[list[list[Word]
         cross = CrossKV([pad([windows[i].cross.keys[layer] for i in rows]) for layer in range(len(dec.layers))],
                         [pad([windows[i].cross.values[layer] for i in rows]) for layer in range(len(dec.layers))])
     heads = alignment_heads(model)
-    scores: dict[int, torch.Tensor | None] = {layer: None for layer, _ in heads}
+    scores: dict[int, list[int] | torch.Tensor] = {}
+    for layer, head in heads:
+        scores.setdefault(layer, []).append(head)
+    at_layer = [scores[layer].index(head) for layer, head in heads]  # each head's place among its layer's
     cache = dec.new_cache(memory, width, lengths if min(lengths) < longest else None, cross=cross)
     positions = torch.arange(width, device=device)[None].expand(len(rows), width)
     # the output layer reads only the positions that predict scored text tokens (the rest of a row repeats its last)
@@ -197,7 +200,8 @@ def align_many(model: Whisper, windows: list[Alignment]) -> list[list[list[Word]
                                                                     torch.tensor(text[unscored[b]:], dtype=torch.long)].cpu().numpy()])
         n_frames = max(1, min(w.frames // 2, lengths[b]))
         n = len(prefix) + len(text) + 1
-        att = torch.stack([scores[layer][b, head, :n, :n_frames] for layer, head in heads]).float().softmax(-1)
+        att = torch.stack([scores[layer][b, j, :n, :n_frames] for (layer, _), j in zip(heads, at_layer)])
+        att = att.float().softmax(-1)
         out[i] = _words(model, w.segments, w.language, att, len(prefix) - 1, token_probs)
     return out
 

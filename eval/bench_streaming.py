@@ -24,7 +24,8 @@ settings: read from serve's argument parser); ``--compute-type``, ``--step`` and
    goes (shares of the wall time): the engine's own busy time; the inference thread inside the engine
    (``poll`` + ``step``); outside it while a stream was due (after a step, or a ``poll`` that found one)
    and while nothing was; and per decode how long its oldest audio had waited, the step's gathering included
-   (``engine.queue_wait_s``).
+   (``engine.queue_wait_s``). Cost vs offline: the engine's busy seconds per second of the sessions' audio against
+   spec's seconds per second of the same utterances transcribed offline, each as a file, in the same run.
    The summary names the largest N with RTF < 1 and final latency median <= 3 s: to find the most
    sessions the machine serves, list candidates (``--sessions 4,6,8,10,12``).
 """
@@ -49,6 +50,7 @@ from asr_spec.evaluation.streaming import (
     Log,
     OpCount,
     TimedWord,
+    cost_vs_offline,
     largest_real_time,
     missing_words,
     pct,
@@ -127,7 +129,8 @@ def capacity(tr: Transcriber, engine: Engine, dev: DataSet, n: int, seconds: flo
            "encoder_calls_per_tick": round((rec.encoder_calls - calls0) / ticks, 3),
            "decoder_passes_per_tick": round((rec.decoder_passes - passes0) / ticks, 3), "ticks": ticks,
            **ops.figures()}
-    return row | session_words(tr, sessions, logs)
+    return row | session_words(tr, sessions, logs) | cost_vs_offline(tr, sessions, busy)
+
 
 
 def offline_words(tr: Transcriber, s: Session) -> list[TimedWord]:
@@ -237,6 +240,8 @@ COLUMNS: list[tuple[str, Callable[[dict], object]]] = [
                                                                f"{r.get('ops_per_stream_step', '—')}"),
     ("decodes per tick: static / eager (sampling fallbacks, a busy arena, ASR_SPEC_STATIC off)",
      lambda r: f"{r.get('static_decodes_per_tick', '—')} / {r.get('eager_decodes_per_tick', '—')}"),
+    ("engine s per stream s / offline s per audio s (cost vs offline)",
+     lambda r: f"{r['engine_s_per_stream_s']} / {r['offline_s_per_audio_s']} ({r['cost_vs_offline']}x)"),
     ("words timed", lambda r: r["words"]),
     ("words missing / offline", lambda r: f"{r['words_missing']} / {r['words_offline']}"),
     ("close lag max s", lambda r: r["close_lag_max_s"]),

@@ -111,10 +111,10 @@ def test_a_decode_records_the_cross_attention_of_every_token_it_chose(tiny_targe
     cont = result.tokens[len(prefix):]
     assert cont and len(result.logprobs) == len(cont)
     seq = request.prompt + result.tokens
-    scores: dict = {0: None, 1: None}
+    scores: dict = {0: [1], 1: [0]}
     dec(dec.new_cache(memory, len(seq)), torch.tensor([seq]), torch.arange(len(seq))[None], cross_scores=scores)
     start = len(request.prompt) - 1
-    whole = torch.stack([scores[layer][0, head, start:start + len(result.tokens)] for layer, head in heads])
+    whole = torch.stack([scores[layer][0, 0, start:start + len(result.tokens)] for layer, _ in heads])
     assert result.attention.shape[:2] == (2, len(result.tokens) + (len(cont) < 12 - len(prefix)))
     torch.testing.assert_close(result.attention[:, :len(result.tokens)], whole, atol=1e-4, rtol=1e-4)
     words = decoded_words(tiny_target, result.attention, result.tokens, len(prefix), 80, "en", result.logprobs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from asr_spec.evaluation import streaming as bench
@@ -106,3 +107,25 @@ def test_words_an_offline_decode_invented_are_not_missing_from_a_stream():
     assert bench.missing_words(offline, "printing in the only sense".split()) == 5  # against the offline text
     assert bench.missing_words(offline, "printing in the only sense".split(), reference) == 0
     assert bench.missing_words(offline, "printing in the".split(), reference) == 2  # "only sense" dropped
+
+
+def test_cost_vs_offline_times_each_utterance_as_a_file(short_target):
+    """The live cost is the engine's seconds per second of the sessions' audio (pauses included); the offline cost
+    is spec's seconds per second of the utterances alone, each transcribed as a file — all of them, in order."""
+    from asr_spec.evaluation.data import Session
+    from asr_spec.transcribe import Transcriber
+
+    class Counting(Transcriber):
+        def transcribe(self, audio, options=None):
+            heard.append(len(audio))
+            return super().transcribe(audio, options)
+
+    heard: list[int] = []
+    pieces = [np.full(8000, 0.01, np.float32), np.full(12000, 0.02, np.float32), np.full(4000, 0.03, np.float32)]
+    sessions = [Session(np.zeros(32000, np.float32), [(0.0, pieces[0]), (1.0, pieces[1])], ["", ""]),
+                Session(np.zeros(16000, np.float32), [(0.0, pieces[2])], [""])]
+    out = bench.cost_vs_offline(Counting(short_target), sessions, busy=0.6)
+    assert heard == [8000, 12000, 4000]
+    assert out["engine_s_per_stream_s"] == pytest.approx(0.6 / 3.0, abs=1e-4)
+    assert out["offline_s_per_audio_s"] > 0
+    assert out["cost_vs_offline"] == pytest.approx(out["engine_s_per_stream_s"] / out["offline_s_per_audio_s"], rel=0.02)

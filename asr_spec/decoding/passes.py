@@ -10,7 +10,7 @@ reads the host, except a draft's early stop where its caller asks for one.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -85,12 +85,12 @@ def draft(decoder: CachedDecoder, s: Slots, k: int, o: DecodeOptions, catch_up: 
 
 def verify(target: CachedDecoder, s: Slots, proposals: torch.Tensor, o: DecodeOptions,
            noise: torch.Tensor | None = None, live: torch.Tensor | None = None,
-           scores: dict[int, torch.Tensor | None] | None = None, clock: PassClock | None = None
+           scores: dict[int, Sequence[int] | torch.Tensor] | None = None, clock: PassClock | None = None
            ) -> torch.Tensor:
     """The target over each row's last token and its ``proposals`` [b, kk]; acceptance; each row's advance over
     the tokens it takes, written in place into ``s`` (``live``: only the rows where it is True move; the others'
     writes land past their length, stale). ``noise`` [b, kk + 1, V]: the sampler's, at each position. ``scores``:
-    the recorded layers' cross-attention scores, filled. Returns the pass's :class:`PassRead` rows [b, columns]."""
+    {layer: heads} whose cross-attention scores are recorded, filled (``CachedDecoder``'s ``cross_scores``). Returns the pass's :class:`PassRead` rows [b, columns]."""
     kk = proposals.shape[1]
     steps = torch.arange(kk + 1, device=s.n.device)
     feed = torch.cat([s.seq.gather(1, (s.n - 1)[:, None]), proposals], dim=1)
@@ -106,7 +106,7 @@ def verify(target: CachedDecoder, s: Slots, proposals: torch.Tensor, o: DecodeOp
 
 
 def prefill(target: CachedDecoder, drafter: CachedDecoder | None, s: Slots, width: int, sot_at: torch.Tensor,
-            o: DecodeOptions, fixed: bool, scores: dict[int, torch.Tensor | None] | None = None,
+            o: DecodeOptions, fixed: bool, scores: dict[int, Sequence[int] | torch.Tensor] | None = None,
             clock: PassClock | None = None) -> torch.Tensor:
     """Both decoders over each row's first ``width`` tokens (``drafter`` None: the draft catches up in its first
     pass instead); returns each row's no-speech probability at its ``sot_at`` (``sot_at`` [b, 1]; returned [b]). Positions past a row's

@@ -2,6 +2,8 @@
 of chosen (layer, head) pairs, for the query that chose each token."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 
@@ -14,18 +16,19 @@ class HeadRecorder:
             self.heads.setdefault(layer, []).append(head)
         self.kept: list[dict[int, torch.Tensor]] = [{} for _ in range(rows)]  # per request: position -> [heads, S]
 
-    def scores(self) -> dict[int, torch.Tensor | None] | None:
-        """What the target fills with the recorded layers' cross-attention scores (None: nothing recorded)."""
-        return {layer: None for layer in self.heads} if self.heads else None
+    def scores(self) -> dict[int, Sequence[int] | torch.Tensor] | None:
+        """What the target fills with the recorded heads' cross-attention scores, {layer: its recorded heads} (the
+        decoder's ``cross_scores``; None: nothing recorded)."""
+        return dict(self.heads) if self.heads else None
 
-    def record(self, scores: dict[int, torch.Tensor | None] | None, live: list[int], positions: list[range],
+    def record(self, scores: dict[int, Sequence[int] | torch.Tensor] | None, live: list[int], positions: list[range],
                first: int | None) -> None:
         """Keep the scores of the queries at ``positions`` (per live row, the request indices ``live``; the pass fed
         positions from ``first``, or from each range's start). A position recorded again (a rejected draft fed
         again by the next pass) keeps its newest scores."""
         if scores is None:
             return
-        picked = torch.cat([scores[layer][:, heads] for layer, heads in self.heads.items()], dim=1)  # [m, h, T, S]
+        picked = torch.cat([scores[layer] for layer in self.heads], dim=1)  # [m, h, T, S]
         for i, (r, where) in enumerate(zip(live, positions)):
             start = where.start if first is None else first
             for p in where:

@@ -30,8 +30,11 @@ from asr_spec.server.config import ServerConfig
 from asr_spec.server.settings import ServeSettings
 
 from ..alignment import Word
+from ..audio import SAMPLE_RATE
 from ..recognizer import Recognizer
 from ..streaming.engine import Engine
+from ..transcribe import TranscribeOptions, Transcriber
+from .data import Session
 
 MAX_FINAL_LATENCY_S = 3.0  # the capacity bar: real time with final latency median at most this
 Log = list[tuple[float, dict]]  # (seconds since the session started, event)
@@ -126,6 +129,23 @@ def largest_real_time(rows: list[dict]) -> int | None:
         return r["rtf"] < 1 and latency is not None and latency <= MAX_FINAL_LATENCY_S
 
     return max((r["sessions"] for r in rows if ok(r)), default=None)
+
+
+def cost_vs_offline(tr: Transcriber, sessions: Sequence[Session], busy: float) -> dict:
+    """The engine's seconds per second of stream against the same speech transcribed offline, each utterance as a
+    file (as ``asr_spec eval --systems spec`` times it: the same models, compute type and threads, one after the
+    other in this process)."""
+    audio_s = sum(s.seconds for s in sessions)
+    speech_s = offline_s = 0.0
+    for s in sessions:
+        for _, piece in s.pieces:
+            start = time.perf_counter()
+            tr.transcribe(piece, TranscribeOptions(language="en"))
+            offline_s += time.perf_counter() - start
+            speech_s += len(piece) / SAMPLE_RATE
+    live, offline = busy / audio_s, offline_s / speech_s
+    return {"engine_s_per_stream_s": round(live, 4), "offline_s_per_audio_s": round(offline, 4),
+            "cost_vs_offline": round(live / offline, 2)}
 
 
 class EngineProbe:

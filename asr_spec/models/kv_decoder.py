@@ -282,12 +282,12 @@ class CachedDecoder:
     @torch.inference_mode()
     def __call__(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
                  logits_at: torch.Tensor | None = None, shortlist: bool = False,
-                 cross_scores: dict[int, torch.Tensor] | None = None, fixed: bool = False) -> torch.Tensor:
+                 cross_scores: dict[int, Sequence[int] | torch.Tensor] | None = None, fixed: bool = False) -> torch.Tensor:
         """Feed ``tokens`` [B, T] at ``positions`` [B, T]; return logits [B, T', V] at the time
-        indices ``logits_at`` [B, T'] (all T when None). ``cross_scores`` {layer: None, ...} is filled with
-        those layers' cross-attention scores before the softmax [B, H, T, S] (word timestamps). ``fixed``: attend
-        over the whole self-attention cache, masked (as an exact decoder does), so that no shape depends on the
-        positions and the call never reads the device (a CUDA graph's capture)."""
+        indices ``logits_at`` [B, T'] (all T when None). ``cross_scores`` {layer: heads, ...}: each entry is
+        replaced by those heads' cross-attention scores before the softmax [B, len(heads), T, S] (word timing).
+        ``fixed``: attend over the whole self-attention cache, masked (as an exact decoder does), so that no shape
+        depends on the positions and the call never reads the device (a CUDA graph's capture)."""
         b, t = tokens.shape
         dec = self.decoder
         pos = positions.clamp(max=self.max_positions - 1)
@@ -304,8 +304,8 @@ class CachedDecoder:
             with sdpa_kernel(SDPA_BACKENDS) if q.is_cuda else nullcontext():
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=1.0)[:, :, :t]
 
-        def cross(q: torch.Tensor, i: int, scores: bool) -> torch.Tensor:
-            """Cross-attention of layer i (with ``scores``, its scores before the softmax into ``cross_scores``). Each
+        def cross(q: torch.Tensor, i: int, heads: list[int] | None) -> torch.Tensor:
+            """Cross-attention of layer i (with ``heads``, their scores before the softmax into ``cross_scores``). Each
             memory length's rows attend on their own (``KVCache.cross_groups``): an exact decoder's bits must not
             depend on the padding, and on a CPU a draft reads only its rows' own positions, not the longest row's
             (results.md, "Pass budget at batch 8"). A draft on CUDA, and any decoder over a cache with a kept mask
@@ -313,6 +313,7 @@ class CachedDecoder:
             length and the fixed width only), masks instead: one call (a few kernels against a call per length)."""
             k, v = cache.cross_k[i], cache.cross_v[i]
             masked = cache.static_mask is not None or (not self.exact and q.is_cuda)
+            scores = heads is not None
             if masked and not scores:  # one masked call, its output as it is
                 return attend(q, k, v, cache.cross_mask)
             groups = [(k.shape[2], slice(None))] if masked else cache.cross_groups
@@ -320,13 +321,14 @@ class CachedDecoder:
             if not (self.exact or scores) and len(groups) == 1:  # one length: the draft's call, its output as it is
                 return attend(q, k[:, :, :groups[0][0]], v[:, :, :groups[0][0]], None)
             if scores:
-                cross_scores[i] = torch.zeros(b, q.shape[1], t, k.shape[2], device=q.device)
+                cross_scores[i] = torch.zeros(b, len(heads), t, k.shape[2], device=q.device)
             out = torch.empty_like(q)
             for n, rows in groups:
                 qg, kg = q[rows], k[rows, :, :n]
                 out[rows] = attend(qg, kg, v[rows, :, :n], mask)
                 if scores:
-                    cross_scores[i][rows, :, :, :n] = (F.pad(qg, (0, 0, 0, pad)) @ kg.transpose(-1, -2))[:, :, :t].float()
+                    qh, kh = F.pad(qg[:, heads], (0, 0, 0, pad)), kg[:, heads]
+                    cross_scores[i][rows, :, :, :n] = (qh @ kh.transpose(-1, -2))[:, :, :t].float()
             return out
 
         rows = torch.arange(b, device=tokens.device)[:, None]
@@ -339,7 +341,7 @@ class CachedDecoder:
             a = attend(q, cache.self_k[i][:, :, :keys], cache.self_v[i][:, :, :keys], mask)
             x = x + layer.sa_out(a.transpose(1, 2).reshape(b, t, -1))
             q = (layer.ca_q(layer.ln2(x)) * layer.scaling).view(b, t, h, -1).transpose(1, 2)
-            a = cross(q, i, cross_scores is not None and i in cross_scores)
+            a = cross(q, i, list(cross_scores[i]) if cross_scores is not None and i in cross_scores else None)
             x = x + layer.ca_out(a.transpose(1, 2).reshape(b, t, -1))
             x = x + layer.fc2(F.gelu(layer.fc1(layer.ln3(x))))
         if logits_at is not None:
