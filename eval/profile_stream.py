@@ -5,6 +5,7 @@ second; then the functions that took the most time themselves (cProfile).
 
     python eval/profile_stream.py [--sessions 4] [--seconds 40] [--device cpu] [--compute-type auto]
                                   [--threads 2] [--top 25] [--encoder-window stream|audio|full] [--no-cprofile]
+                                  [--alignment pass|decode] [--pad S] [--lookahead S]
                                   [--dev DIR]
 
 Per stream second: engine seconds per second of each stream's audio (the engine's total over the sessions' audio).

@@ -107,14 +107,15 @@ def verify(target: CachedDecoder, s: Slots, proposals: torch.Tensor, o: DecodeOp
 
 def prefill(target: CachedDecoder, drafter: CachedDecoder | None, s: Slots, width: int, sot_at: torch.Tensor,
             o: DecodeOptions, fixed: bool, scores: dict[int, Sequence[int] | torch.Tensor] | None = None,
-            clock: PassClock | None = None) -> torch.Tensor:
+            clock: PassClock | None = None, scores_from: int = 0) -> torch.Tensor:
     """Both decoders over each row's first ``width`` tokens (``drafter`` None: the draft catches up in its first
     pass instead); returns each row's no-speech probability at its ``sot_at`` (``sot_at`` [b, 1]; returned [b]). Positions past a row's
-    prompt get stale entries, which its passes overwrite before reading them."""
+    prompt get stale entries, which its passes overwrite before reading them. ``scores``, ``scores_from``: the
+    recorded heads' cross-attention scores, as ``CachedDecoder``'s ``cross_scores`` and ``scores_from``."""
     b = s.n.shape[0]
     pos = torch.arange(width, device=s.n.device).expand(b, width)
     with phase(clock, "prefill"):
-        first = target(s.target, s.seq[:, :width], pos, sot_at, cross_scores=scores)
+        first = target(s.target, s.seq[:, :width], pos, sot_at, cross_scores=scores, scores_from=scores_from)
         if drafter is not None:
             drafter(s.draft, s.seq[:, :width], pos, pos[:, :1], shortlist=True, fixed=fixed)
     return torch.softmax(first[:, 0].float(), dim=-1)[:, o.no_speech]

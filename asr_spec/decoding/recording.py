@@ -28,11 +28,13 @@ class HeadRecorder:
         again by the next pass) keeps its newest scores."""
         if scores is None:
             return
-        picked = torch.cat([scores[layer] for layer in self.heads], dim=1)  # [m, h, T, S]
         for i, (r, where) in enumerate(zip(live, positions)):
-            start = where.start if first is None else first
-            for p in where:
-                self.kept[r][p] = picked[i, :, p - start].clone()
+            if not where:
+                continue
+            at = where.start - (where.start if first is None else first)  # the pass's query of the first position
+            picked = torch.cat([scores[layer][i, :, at:at + len(where)] for layer in self.heads])  # [h, len, S]
+            for j, p in enumerate(where):
+                self.kept[r][p] = picked[:, j]
 
     def result(self, r: int, start: int, tokens: int) -> torch.Tensor | None:
         """Request r's scores [heads, tokens + 1 (or tokens), S] from position ``start`` (the query that chose its

@@ -182,10 +182,11 @@ class DecodingTask(JoinRows):
             return
         at = torch.tensor([min(r.request.sot_index, width - 1) for r in self.live], device=self.dev)[:, None]
         scores = self.recorder.scores()
+        recorded = [range(len(r.request.prompt) - 1, r.length - 1) for r in self.live]  # each row's prefix
+        start = min(min(w.start for w in recorded), width - 1)  # the prompts' queries before it are not recorded
         no_speech = passes.prefill(self.target, None, self.view(), width, at, self.o, fixed=False, scores=scores,
-                                   clock=self.clock)
-        self.recorder.record(scores, [r.index for r in self.live],
-                             [range(len(r.request.prompt) - 1, r.length - 1) for r in self.live], 0)
+                                   clock=self.clock, scores_from=start)
+        self.recorder.record(scores, [r.index for r in self.live], recorded, start)
         for r, p in zip(self.live, no_speech.tolist()):
             r.no_speech_prob = p
 

@@ -282,10 +282,12 @@ class CachedDecoder:
     @torch.inference_mode()
     def __call__(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
                  logits_at: torch.Tensor | None = None, shortlist: bool = False,
-                 cross_scores: dict[int, Sequence[int] | torch.Tensor] | None = None, fixed: bool = False) -> torch.Tensor:
+                 cross_scores: dict[int, Sequence[int] | torch.Tensor] | None = None, fixed: bool = False,
+                 scores_from: int = 0) -> torch.Tensor:
         """Feed ``tokens`` [B, T] at ``positions`` [B, T]; return logits [B, T', V] at the time
         indices ``logits_at`` [B, T'] (all T when None). ``cross_scores`` {layer: heads, ...}: each entry is
-        replaced by those heads' cross-attention scores before the softmax [B, len(heads), T, S] (word timing).
+        replaced by those heads' cross-attention scores before the softmax of the queries from ``scores_from`` on
+        [B, len(heads), T - scores_from, S] (word timing).
         ``fixed``: attend over the whole self-attention cache, masked (as an exact decoder does), so that no shape
         depends on the positions and the call never reads the device (a CUDA graph's capture)."""
         b, t = tokens.shape
@@ -321,14 +323,16 @@ class CachedDecoder:
             if not (self.exact or scores) and len(groups) == 1:  # one length: the draft's call, its output as it is
                 return attend(q, k[:, :, :groups[0][0]], v[:, :, :groups[0][0]], None)
             if scores:
-                cross_scores[i] = torch.zeros(b, len(heads), t, k.shape[2], device=q.device)
+                cross_scores[i] = torch.zeros(b, len(heads), t - scores_from, k.shape[2], device=q.device)
             out = torch.empty_like(q)
             for n, rows in groups:
                 qg, kg = q[rows], k[rows, :, :n]
                 out[rows] = attend(qg, kg, v[rows, :, :n], mask)
                 if scores:
-                    qh, kh = F.pad(qg[:, heads], (0, 0, 0, pad)), kg[:, heads]
-                    cross_scores[i][rows, :, :, :n] = (qh @ kh.transpose(-1, -2))[:, :, :t].float()
+                    qh = qg[:, heads, scores_from:]
+                    m = qh.shape[2]
+                    qh = F.pad(qh, (0, 0, 0, max(0, EXACT_QUERIES - m))) if self.exact else qh
+                    cross_scores[i][rows, :, :, :n] = (qh @ kg[:, heads].transpose(-1, -2))[:, :, :m].float()
             return out
 
         rows = torch.arange(b, device=tokens.device)[:, None]
