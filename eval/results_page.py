@@ -142,12 +142,14 @@ def capacity_table(doc: dict) -> str:
     """eval/bench_streaming.py's capacity part: one row per number of simultaneous sessions."""
     head = ["real-time sessions", "RTF (engine busy / stream)", "partial latency median / p90 s",
             "final latency median / p90 s", "words", "words missing / offline", "close lag max s",
-            "encoder calls / decoder passes per tick"]
+            "encoder calls / decoder passes per tick", "engine s per stream s / offline s per audio s (cost vs offline)"]
     rows = [[r["sessions"], r["rtf"], f"{num(r['partial_latency_median_s'])} / {num(r['partial_latency_p90_s'])}",
              f"{num(r['final_latency_median_s'])} / {num(r['final_latency_p90_s'])}", r["words"],
              f"{r['words_missing']} / {r['words_offline']}" if "words_missing" in r else "—", r["close_lag_max_s"],
              f"{num(r['encoder_calls_per_tick'])} / {num(r['decoder_passes_per_tick'])}"
-             if "encoder_calls_per_tick" in r else "—"] for r in doc["capacity"]]
+             if "encoder_calls_per_tick" in r else "—",
+             f"{r['engine_s_per_stream_s']:.3f} / {r['offline_s_per_audio_s']:.3f} ({r['cost_vs_offline']}x)"
+             if "cost_vs_offline" in r else "—"] for r in doc["capacity"]]
     return md_table(head, rows)
 
 
