@@ -90,7 +90,8 @@ def verify(target: CachedDecoder, s: Slots, proposals: torch.Tensor, o: DecodeOp
     """The target over each row's last token and its ``proposals`` [b, kk]; acceptance; each row's advance over
     the tokens it takes, written in place into ``s`` (``live``: only the rows where it is True move; the others'
     writes land past their length, stale). ``noise`` [b, kk + 1, V]: the sampler's, at each position. ``scores``:
-    {layer: heads} whose cross-attention scores are recorded, filled (``CachedDecoder``'s ``cross_scores``). Returns the pass's :class:`PassRead` rows [b, columns]."""
+    {layer: heads} whose cross-attention scores are recorded, filled (``CachedDecoder``'s ``cross_scores``).
+    Returns the pass's :class:`PassRead` rows [b, columns]."""
     kk = proposals.shape[1]
     steps = torch.arange(kk + 1, device=s.n.device)
     feed = torch.cat([s.seq.gather(1, (s.n - 1)[:, None]), proposals], dim=1)
