@@ -128,4 +128,5 @@ def test_cost_vs_offline_times_each_utterance_as_a_file(short_target):
     assert heard == [8000, 12000, 4000]
     assert out["engine_s_per_stream_s"] == pytest.approx(0.6 / 3.0, abs=1e-4)
     assert out["offline_s_per_audio_s"] > 0
-    assert out["cost_vs_offline"] == pytest.approx(out["engine_s_per_stream_s"] / out["offline_s_per_audio_s"], rel=0.02)
+    ratio = out["engine_s_per_stream_s"] / out["offline_s_per_audio_s"]
+    assert out["cost_vs_offline"] == pytest.approx(ratio, rel=0.01, abs=0.005)  # rounded to two decimals
