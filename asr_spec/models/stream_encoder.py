@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .network import attend
+
 CONV_CONTEXT = 4  # mel frames before the first re-encoded position that its two convolutions read
 
 
@@ -104,7 +106,7 @@ def encode_tails(encoder: nn.Module, tails: list[Tail]) -> list[torch.Tensor]:
             fresh[j].append((kj, vj))
             if frozen:
                 kj, vj = torch.cat([t.cache.keys[i], kj], 2), torch.cat([t.cache.values[i], vj], 2)
-            a = F.scaled_dot_product_attention(qj, kj, vj, attn_mask=masks[j], scale=1.0)
+            a = attend(qj, kj, vj, masks[j])
             out.append(a[0].transpose(0, 1).reshape(new, -1))
             row += new
         x = x + attn.out_proj(torch.cat(out))

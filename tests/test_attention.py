@@ -1,0 +1,64 @@
+"""Attention in blocks of queries (bfloat16 on CPUs without AMX): the fused kernel's result within the type's rounding,
+each row independent of the others, and the streaming encoder still the encoder when nothing is frozen."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from asr_spec.features import log_mel, window
+from asr_spec.models import network
+from asr_spec.models.network import attend, blocked_attention
+from asr_spec.models.stream_encoder import EncoderCache, encode_tail
+
+
+def _qkv(batch: int = 2, queries: int = 300, keys: int = 300, dtype: torch.dtype = torch.float32):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(batch, 4, n, 16, generator=g) for n in (queries, keys, keys))
+    return (q * 16 ** -0.5).to(dtype), k.to(dtype), v.to(dtype)
+
+
+def test_blocked_attention_is_the_fused_kernel_s_within_rounding():
+    q, k, v = _qkv()
+    mask = torch.ones(300, 300, dtype=torch.bool)
+    mask[:200, 250:] = False  # as the streaming encoder's: early queries do not hear the last keys
+    for m in (None, mask):
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=1.0)
+        torch.testing.assert_close(blocked_attention(q, k, v, m), want, rtol=1e-5, atol=1e-5)
+        got = blocked_attention(*(t.bfloat16() for t in (q, k, v)), m).float()
+        torch.testing.assert_close(got, want, rtol=0.05, atol=0.03)  # bfloat16's rounding of scores and output
+    assert not torch.allclose(blocked_attention(q, k, v, mask), blocked_attention(q, k, v))  # the mask is applied
+
+
+def test_each_row_of_blocked_attention_depends_on_its_own_inputs_only():
+    q, k, v = _qkv(dtype=torch.bfloat16)
+    both = blocked_attention(q, k, v)
+    for i in range(2):
+        assert torch.equal(both[i:i + 1], blocked_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1]))
+
+
+def test_attend_takes_blocks_for_bfloat16_on_a_cpu_without_amx(monkeypatch):
+    q, k, v = _qkv(dtype=torch.bfloat16)
+    fused = F.scaled_dot_product_attention(q, k, v, scale=1.0)
+    monkeypatch.setattr(network, "_FUSED_BFLOAT16", False)
+    assert torch.equal(attend(q, k, v), blocked_attention(q, k, v))
+    assert not torch.equal(attend(q, k, v), fused)
+    assert torch.equal(attend(q.float(), k.float(), v.float()), F.scaled_dot_product_attention(  # other types: fused
+        q.float(), k.float(), v.float(), scale=1.0))
+    causal = F.scaled_dot_product_attention(q, k, v, scale=1.0, is_causal=True)
+    assert torch.equal(attend(q, k, v, causal=True), causal)  # the decoder's training forward: fused
+    monkeypatch.setattr(network, "_FUSED_BFLOAT16", True)
+    assert torch.equal(attend(q, k, v), fused)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_streaming_encoder_with_nothing_frozen_is_the_bfloat16_encoder(tiny_target, monkeypatch, fused):
+    monkeypatch.setattr(network, "_FUSED_BFLOAT16", fused)
+    encoder = copy.deepcopy(tiny_target.encoder.inner).to(torch.bfloat16)
+    audio = np.random.default_rng(0).normal(0, 0.1, 3 * 16000).astype(np.float32)
+    mel = window(log_mel(audio), 0, 400)[None].to(torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(encode_tail(encoder, mel, EncoderCache(), freeze=0), encoder(mel))
