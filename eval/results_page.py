@@ -183,6 +183,22 @@ def ray_table(doc: dict) -> str:
     return md_table(head, rows)
 
 
+def encoder_table(doc: dict) -> str:
+    """eval/experiments/profile_encoder.py: one row per compute type."""
+    kinds = ["products", "attention", "convolutions", "GELU", "layer norms", "the rest"]
+
+    def cell(k: dict | None) -> str:
+        if k is None:
+            return "—"
+        rate = f", {k['gflops']:.0f} GFLOPS" if k["gflops"] else ""
+        return f"{100 * k['share']:.0f} % ({1e3 * k['s_per_window']:.0f} ms{rate})"
+    head = ["type", "s a window", "GFLOPS (a large product alone)", *kinds, "one layer's attention: fused / blocks, ms"]
+    rows = [[r["type"], f"{r['s_per_window']:.3f}", f"{r['gflops']:.0f} ({r['peak_gflops']:.0f})",
+             *(cell(r["kinds"].get(k)) for k in kinds),
+             " / ".join(f"{ms:.1f}" for ms in r["attention_ms_per_layer"].values())] for r in doc["rows"]]
+    return md_table(head, rows)
+
+
 # --- plots ----------------------------------------------------------------------------------------------------------
 
 def eval_plot(doc: dict, title: str) -> Figure:
@@ -231,7 +247,7 @@ KINDS: dict[str, tuple[Callable[..., str], Callable[[dict, str], Figure] | None]
     "projection": (projection_table, None), "host": (host_table, None),
     "streaming-wer": (wer_table, None),
     "streaming-capacity": (capacity_table, capacity_plot), "live-uploads": (live_table, None),
-    "word-timestamps": (word_table, None), "ray": (ray_table, None)}
+    "word-timestamps": (word_table, None), "ray": (ray_table, None), "encoder": (encoder_table, None)}
 
 
 def save(fig: Figure, path: Path) -> None:
