@@ -31,6 +31,11 @@ class VoiceActivity:
         self.threshold = threshold
         self._rest = np.zeros(0, dtype=np.float32)
 
+    @property
+    def pending(self) -> int:
+        """Samples received but not yet flagged (the start of the next chunk)."""
+        return len(self._rest)
+
     @torch.inference_mode()
     def __call__(self, audio: np.ndarray) -> list[bool]:
         """Voiced flags of the chunks ``audio`` completes (leftover samples wait for the next call)."""

@@ -2,10 +2,14 @@
 weights): what a final commits and leaves in the buffer, how finals join, what each policy commits."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from conftest import DEV
 
 from asr_spec.alignment import Word
+from asr_spec.audio import load_audio
 from asr_spec.decoding.rows import RowResult, RowStats
 from asr_spec.streaming.config import StreamConfig
 from asr_spec.streaming.policy import AlignAtt, LocalAgreement
@@ -190,3 +194,28 @@ def test_a_streams_hotwords_go_with_every_decode_it_asks_for(tokenizer):
     assert _stream(tokenizer, 3.0, language=None, languages=("de", "fr")).request(RequestKind.PARTIAL).languages == ("de", "fr")
     prompted = _stream(tokenizer, 3.0, prompt=" Printing, in the only sense ")  # the first prompt: initial_prompt
     assert prompted.request(RequestKind.PARTIAL).context == tokenizer.encode(" Printing, in the only sense")
+
+
+@pytest.mark.parametrize("pieces_s", [[0.1], [0.37, 1.3, 0.05, 2.9], [30.0]])
+def test_the_buffer_does_not_depend_on_how_the_audio_arrived(tokenizer, pieces_s):
+    """Real speech after 0.55 s of silence, fed in pieces of these lengths (in turn, then repeating the last) with the
+    engine's ``listen`` after each: the buffer keeps the pre-roll before the first voiced chunk, and the last voiced
+    time is that chunk's, the same samples and times as for the audio in 0.1 s pieces (a sender's chunking, or a
+    busy engine taking in a backlog at once, must not change what is decoded)."""
+    items = {json.loads(x)["id"]: json.loads(x) for x in (DEV / "manifest.jsonl").read_text().splitlines()}
+    audio = load_audio(DEV / items["2961-961-0004"]["audio"])[:6 * 16000]
+
+    def fed(lengths: list[float]) -> Stream:
+        s, at, i = Stream(StreamConfig(), tokenizer), 0, 0
+        while at < len(audio):
+            n = int(lengths[min(i, len(lengths) - 1)] * 16000)
+            s.feed(audio[at:at + n])
+            s.listen()
+            at, i = at + n, i + 1
+        return s
+
+    want, got = fed([0.1]).intake, fed(pieces_s).intake
+    assert want.speech and want.dropped > 0  # speech found; leading silence skipped
+    assert (got.dropped, got.last_voiced, got.silence_s) == (want.dropped, want.last_voiced, want.silence_s)
+    assert np.array_equal(got.audio, want.audio)
+    assert got.stats.skipped_s + got.buffer_s == pytest.approx(6.0)

@@ -24,7 +24,7 @@ class Intake:
         self.vad = VoiceActivity(threshold) if vad else None
         self.preroll_s = preroll_s
         self.audio = np.zeros(0, dtype=np.float32)  # the buffer
-        self.start = 0.0  # stream time of audio[0]
+        self.dropped = 0  # samples that left the buffer: audio[0] is sample ``dropped`` of the stream
         self.speech = not vad  # speech somewhere in the buffer
         self.last_voiced = -1.0  # stream time of the end of the last voiced chunk
         self.silence_s = 0.0  # trailing non-speech
@@ -45,7 +45,9 @@ class Intake:
 
     def listen(self, keep_silence: bool) -> None:
         """Move queued audio into the buffer, detecting voice in it. While the buffer holds no speech (and
-        ``keep_silence`` is false: nothing in it is committed) only a short pre-roll of it is kept."""
+        ``keep_silence`` is false: nothing in it is committed) only a short pre-roll of it is kept: once speech is
+        detected, ``preroll_s`` before its first voiced chunk. Times are those of the chunks voice detection flagged,
+        so the buffer and ``last_voiced`` are the same however the audio arrived (in one piece or many)."""
         with self._queue_lock:
             if not self._queued:
                 return
@@ -57,20 +59,27 @@ class Intake:
         if self.vad is None:
             return
         flags = self.vad(audio)
-        chunk_s = VoiceActivity.CHUNK / SAMPLE_RATE
-        end = self.end
+        flagged = len(self.audio) - self.vad.pending  # where the flagged chunks end in the buffer (samples)
+        had_speech, onset = self.speech, None
         for i, voiced in enumerate(flags):
             if voiced:
+                chunk_end = flagged - (len(flags) - 1 - i) * VoiceActivity.CHUNK
+                onset = chunk_end - VoiceActivity.CHUNK if onset is None else onset
                 self.speech, self.silence_s = True, 0.0
-                self.last_voiced = end - (len(flags) - 1 - i) * chunk_s
+                self.last_voiced = (self.dropped + chunk_end) / SAMPLE_RATE
             else:
-                self.silence_s += chunk_s
-        if not self.speech and not keep_silence:
-            keep = int(self.preroll_s * SAMPLE_RATE)
-            if len(self.audio) > keep:
-                self.drop(len(self.audio) - keep, decoded=False)
+                self.silence_s += VoiceActivity.CHUNK / SAMPLE_RATE
+        preroll = int(self.preroll_s * SAMPLE_RATE)
+        if keep_silence or had_speech:
+            return
+        if not self.speech:  # the pre-roll before the samples still to be flagged
+            if len(self.audio) > preroll + self.vad.pending:
+                self.drop(len(self.audio) - preroll - self.vad.pending, decoded=False)
             self.since_decode = 0.0
             self.waiting_since = None
+        elif onset is not None and onset > preroll:  # speech began in this audio: kept from its pre-roll on
+            self.drop(onset - preroll, decoded=False)
+            self.since_decode = self.buffer_s
 
     def taken(self) -> float:
         """A decode request takes the buffer now: returns how long its oldest audio waited (seconds)."""
@@ -83,7 +92,7 @@ class Intake:
         """Remove the first ``samples`` of the buffer (they were decoded, or skipped as silence)."""
         samples = min(samples, len(self.audio))
         self.audio = self.audio[samples:]
-        self.start += samples / SAMPLE_RATE
+        self.dropped += samples
         if decoded:
             self.stats.decoded_s += samples / SAMPLE_RATE
         else:
@@ -94,6 +103,11 @@ class Intake:
         self.speech = self.vad is None or self.last_voiced > self.start
         if not self.speech:
             self.silence_s = 0.0
+
+    @property
+    def start(self) -> float:
+        """Stream time of the buffer's start."""
+        return self.dropped / SAMPLE_RATE
 
     @property
     def buffer_s(self) -> float:
