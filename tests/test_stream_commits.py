@@ -217,5 +217,6 @@ def test_the_buffer_does_not_depend_on_how_the_audio_arrived(tokenizer, pieces_s
     want, got = fed([0.1]).intake, fed(pieces_s).intake
     assert want.speech and want.dropped > 0  # speech found; leading silence skipped
     assert (got.dropped, got.last_voiced, got.silence_s) == (want.dropped, want.last_voiced, want.silence_s)
+    assert got.since_decode == pytest.approx(want.since_decode) and got.since_decode < got.buffer_s  # from the onset
     assert np.array_equal(got.audio, want.audio)
     assert got.stats.skipped_s + got.buffer_s == pytest.approx(6.0)

@@ -77,9 +77,11 @@ class Intake:
                 self.drop(len(self.audio) - preroll - self.vad.pending, decoded=False)
             self.since_decode = 0.0
             self.waiting_since = None
-        elif onset is not None and onset > preroll:  # speech began in this audio: kept from its pre-roll on
-            self.drop(onset - preroll, decoded=False)
-            self.since_decode = self.buffer_s
+        elif onset is not None:  # speech began in this audio: kept from its pre-roll on, due from its onset on
+            if onset > preroll:
+                self.drop(onset - preroll, decoded=False)
+                onset = preroll
+            self.since_decode = (len(self.audio) - onset) / SAMPLE_RATE
 
     def taken(self) -> float:
         """A decode request takes the buffer now: returns how long its oldest audio waited (seconds)."""
