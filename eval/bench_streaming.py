@@ -46,6 +46,7 @@ from asr_spec.evaluation.harness import add_data_args, data, longform, write_res
 from asr_spec.evaluation.metrics import wer
 from asr_spec.evaluation.streaming import (
     MAX_FINAL_LATENCY_S,
+    OFFLINE,
     EngineProbe,
     Log,
     OpCount,
@@ -137,7 +138,7 @@ def offline_words(tr: Transcriber, s: Session) -> list[TimedWord]:
     """The session's offline transcript, utterance by utterance (data.py says why), its words timed in the session."""
     out = []
     for start, audio in s.pieces:
-        segments = tr.transcribe(audio, TranscribeOptions(language="en", word_timestamps=True)).segments
+        segments = OFFLINE(tr, audio, word_timestamps=True)[1].segments
         out += [TimedWord(w.word, w.end + start, w.end_linear + start) for w in timed_words(segments)]
     return out
 

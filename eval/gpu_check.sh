@@ -45,21 +45,22 @@ export ASR_SPEC_DEV=$DATA/dev PYTHONUNBUFFERED=1
 if [ -n "${QUICK:-}" ]; then LIMIT="--limit 2"; FILES=2; SESS=2; SECS=5; HOST=4; else LIMIT=""; FILES=16; SESS=16,64,128,256; SECS=20; HOST=16,64; fi
 
 [ -z "${SKIP_EXACT:-}" ] && step 45 $PY eval/experiments/exact_rows.py --device "$DEVICE" --compute-type "$TYPE",bfloat16,int8 > "$OUT/exact-rows.txt" 2>&1
-# the dev set with each static mode (ASR_SPEC_STATIC: auto = the static decode replayed as CUDA graphs on CUDA; off =
+# the dev set with each static mode (STATIC_MODES="" skips it) (ASR_SPEC_STATIC: auto = the static decode replayed as CUDA graphs on CUDA; off =
 # the eager loop), side by side in one run; BATCHES_<mode> gives a mode's batch sizes
-for mode in ${STATIC_MODES:-auto}; do
+for mode in ${STATIC_MODES-auto}; do
   batches_var="BATCHES_$mode"
   (cd "$WORK" && ASR_SPEC_STATIC=$mode step "${EVAL_SECS:-150}" $PY -m asr_spec eval --manifest "$MANIFEST" $LIMIT \
     --device "$DEVICE" --compute-type "$TYPE" --systems "${SYSTEMS:-target,spec}" --batch-size "${!batches_var:-1,8}" \
     --threads "$THREADS" --out "$WORK/eval-$mode")
   cp "$WORK/eval-$mode/results.json" "$OUT/eval-$TYPE-static-$mode.json" 2>/dev/null
 done
-# the live engine (its steps static on CUDA since issue 48: ASR_SPEC_STATIC=auto; STREAM_MODES="auto off" compares)
+# the live engine (its steps static on CUDA since issue 48: ASR_SPEC_STATIC=auto; STREAM_MODES="auto off" compares;
+# STREAM_SESS_<mode> and STREAM_LIMIT_<mode> give a mode's session counts and deadline; each count's row is in streaming-static-<mode>.log as it ends)
 for mode in ${STREAM_MODES:-auto}; do
-  [ -z "${SKIP_STREAMING:-}" ] && ASR_SPEC_STATIC=$mode step "${STREAM_SECS_LIMIT:-300}" $PY eval/bench_streaming.py \
-    --device "$DEVICE" --compute-type "$TYPE" --seconds "$SECS" --skip-wer --sessions "${STREAM_SESS:-$SESS}" \
-    --threads "$THREADS" --out "$WORK/streaming-$mode"
-  cp "$WORK/streaming-$mode/results.json" "$OUT/streaming-static-$mode.json" 2>/dev/null
+  [ -z "${SKIP_STREAMING:-}" ] && ASR_SPEC_STATIC=$mode step "$(v="STREAM_LIMIT_$mode"; echo "${!v:-${STREAM_SECS_LIMIT:-300}}")" $PY eval/bench_streaming.py \
+    --device "$DEVICE" --compute-type "$TYPE" --seconds "${STREAM_SECONDS:-$SECS}" --skip-wer --sessions "$(v="STREAM_SESS_$mode"; echo "${!v:-${STREAM_SESS:-$SESS}}")" \
+    --threads "$THREADS" --out "$WORK/streaming-$mode" 2>&1 | tee "$OUT/streaming-static-$mode.log"
+  cp "$WORK/streaming-$mode"*/results.json "$OUT/streaming-static-$mode.json" 2>/dev/null  # -TYPE ends the folder
 done
 [ -z "${SKIP_BUDGET:-}" ] && step 60 $PY eval/pass_budget.py --device "$DEVICE" --compute-type "$TYPE" --files "$FILES" --systems target,spec \
   --threads "$THREADS" --manifest "$MANIFEST" --out "$OUT/pass-budget.json"
