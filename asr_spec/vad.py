@@ -1,4 +1,4 @@
-"""Voice activity: Silero VAD (the ``silero-vad`` package ships its model) over 32 ms chunks."""
+"""Voice activity: Silero VAD (the ``silero-vad`` package ships its model) over 32 ms chunks, several streams at once."""
 from __future__ import annotations
 
 import warnings
@@ -9,41 +9,127 @@ import torch
 
 from .audio import SAMPLE_RATE, Audio, blocks_of
 
-
-@lru_cache(maxsize=1)
-def _model_path() -> str:
-    from importlib.resources import files
-
-    return str(files("silero_vad") / "data" / "silero_vad.jit")
+BLOCK = 64  # chunks in one call of the network's convolutional front (every stream's chunks together)
+ROWS = 16  # streams in one step of its recurrent back
+# Both fixed: at a fixed shape a row's result depends on nothing but its own input, so a stream's flags are the same
+# alone or in company, and however its audio arrived (tests/test_vad.py).
 
 
-class VoiceActivity:
-    """Speech / non-speech per 512-sample chunk. One instance per stream: the model carries state."""
+class _Network:
+    """Silero VAD's 16 kHz network (the ``silero-vad`` package ships it), shared by every stream: a convolutional
+    front that reads a chunk with its context, and a recurrent back (an LSTM cell and a linear output) written out
+    here as matrix products, so that the cell's input products run for many chunks at once and a step is a dozen
+    small operations; each stream keeps its own state (:class:`VoiceActivity`)."""
 
-    CHUNK = 512
+    def __init__(self) -> None:
+        from importlib.resources import files
 
-    def __init__(self, threshold: float = 0.5):
         threads = torch.get_num_threads()
         with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript loading; the model ships as one
             warnings.simplefilter("ignore", DeprecationWarning)
-            self.model = torch.jit.load(_model_path(), map_location="cpu").eval()
+            model = torch.jit.load(str(files("silero_vad") / "data" / "silero_vad.jit"), map_location="cpu").eval()
         torch.set_num_threads(threads)  # loading the model sets torch's thread count to 1
+        self.net = model._model
+        cell, out = self.net.decoder.rnn, getattr(self.net.decoder.decoder, "2")  # after dropout and ReLU
+        self.w_in, self.w_state = cell.weight_ih.T.contiguous(), cell.weight_hh.T.contiguous()
+        self.b_cell = cell.bias_ih + cell.bias_hh
+        self.w_out, self.b_out = out.weight[0, :, 0].clone(), out.bias.clone()
+
+    def front(self, x: torch.Tensor) -> torch.Tensor:
+        """[n, CONTEXT + CHUNK] chunks -> [n, 512]: the cell's input products (gates before the state's part)."""
+        return torch.addmm(self.b_cell, self.net.encoder(self.net.run_extractors(x)).squeeze(-1), self.w_in)
+
+    def step(self, gates_in: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One LSTM cell step (torch's gate order: input, forget, cell, output)."""
+        i, f, g, o = (gates_in + h @ self.w_state).chunk(4, dim=1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(c), c
+
+    def speech_probability(self, h: torch.Tensor) -> torch.Tensor:
+        """[..., 128] hidden states -> [...] probabilities of speech."""
+        return torch.sigmoid((torch.relu(h) * self.w_out).sum(-1) + self.b_out)
+
+
+@lru_cache(maxsize=1)
+def _network() -> _Network:
+    return _Network()
+
+
+class VoiceActivity:
+    """Speech / non-speech per 512-sample chunk of one stream: the network's recurrent state, the end of the last
+    chunk (the next chunk's context) and the samples not yet flagged. :func:`detect` runs several streams together."""
+
+    CHUNK = 512
+    CONTEXT = 64  # samples before each chunk that the network reads with it
+
+    def __init__(self, threshold: float = 0.5):
         self.threshold = threshold
         self._rest = np.zeros(0, dtype=np.float32)
+        self._context = np.zeros(self.CONTEXT, dtype=np.float32)
+        self._state = torch.zeros(2, 128)  # the recurrent layer's hidden and cell state
 
     @property
     def pending(self) -> int:
         """Samples received but not yet flagged (the start of the next chunk)."""
         return len(self._rest)
 
-    @torch.inference_mode()
-    def __call__(self, audio: np.ndarray) -> list[bool]:
-        """Voiced flags of the chunks ``audio`` completes (leftover samples wait for the next call)."""
+    def _inputs(self, audio: np.ndarray) -> np.ndarray:
+        """The network's inputs for the chunks ``audio`` completes: [n, CONTEXT + CHUNK]; the rest waits."""
         x = np.concatenate([self._rest, np.asarray(audio, dtype=np.float32)])
         n = len(x) // self.CHUNK
         self._rest = x[n * self.CHUNK:]
-        chunks = torch.from_numpy(x[: n * self.CHUNK].copy()).view(n, self.CHUNK)
-        return [float(self.model(chunk, SAMPLE_RATE)) >= self.threshold for chunk in chunks]
+        if not n:
+            return np.zeros((0, self.CONTEXT + self.CHUNK), dtype=np.float32)
+        x = np.concatenate([self._context, x[:n * self.CHUNK]])
+        self._context = x[-self.CONTEXT:].copy()
+        return np.lib.stride_tricks.sliding_window_view(x, self.CONTEXT + self.CHUNK)[::self.CHUNK]
+
+    def __call__(self, audio: np.ndarray) -> list[bool]:
+        """Voiced flags of the chunks ``audio`` completes (leftover samples wait for the next call)."""
+        return detect([(self, audio)])[0]
+
+
+def detect(work: list[tuple[VoiceActivity, np.ndarray]]) -> list[list[bool]]:
+    """Each stream's voiced flags for the chunks its new audio completes (:func:`probabilities` at its threshold)."""
+    return [[p >= vad.threshold for p in probs] for (vad, _), probs in zip(work, probabilities(work))]
+
+
+@torch.inference_mode()
+def probabilities(work: list[tuple[VoiceActivity, np.ndarray]]) -> list[list[float]]:
+    """Each stream's speech probabilities for the chunks its new audio completes: every stream's chunks through the
+    network's front ``BLOCK`` at a time, then its back a chunk at a time for ``ROWS`` streams together (rows without a
+    chunk, or without a stream, keep their state). 64 streams cost a front call per 64 chunks and 4 back steps a
+    chunk, where a call of the whole network per chunk and stream cost 64."""
+    net, width = _network(), VoiceActivity.CONTEXT + VoiceActivity.CHUNK
+    inputs = [vad._inputs(audio) for vad, audio in work]
+    counts = [len(x) for x in inputs]
+    if not sum(counts):
+        return [[] for _ in work]
+    flat = torch.from_numpy(np.concatenate([*inputs, np.zeros((-sum(counts) % BLOCK, width), dtype=np.float32)]))
+    gates_in = torch.cat([net.front(b) for b in flat.split(BLOCK)])
+    firsts = np.cumsum([0, *counts])
+    out: list[list[float]] = [[] for _ in work]
+    for first in range(0, len(work), ROWS):
+        rows = range(first, min(first + ROWS, len(work)))
+        steps = max(counts[i] for i in rows)
+        if not steps:
+            continue
+        h, c = torch.zeros(ROWS, 128), torch.zeros(ROWS, 128)
+        g = torch.zeros(steps, ROWS, gates_in.shape[1])
+        for j, i in enumerate(rows):
+            h[j], c[j] = work[i][0]._state
+            g[:counts[i], j] = gates_in[firsts[i]:firsts[i] + counts[i]]
+        lengths = torch.tensor([counts[i] for i in rows] + [0] * (ROWS - len(rows)))
+        live = torch.arange(steps)[:, None, None] < lengths[:, None]  # [steps, ROWS, 1]: the rows with a chunk
+        hs = torch.empty(steps, ROWS, 128)
+        for n in range(steps):
+            hs[n], c_next = net.step(g[n], h, c)
+            h, c = torch.where(live[n], hs[n], h), torch.where(live[n], c_next, c)
+        probs = net.speech_probability(hs)
+        for j, (i, p) in enumerate(zip(rows, probs.T.tolist())):
+            out[i] = p[:counts[i]]
+            work[i][0]._state = torch.stack([h[j], c[j]])
+    return out
 
 
 def speech_chunks(audio: Audio, max_s: float = 30.0, pad_s: float = 0.2) -> tuple[list[tuple[int, int]], int]:

@@ -23,14 +23,13 @@ from dataclasses import replace
 
 import torch
 
-from asr_spec import vad
 from asr_spec.decoding import speculative
 from asr_spec.evaluation.harness import add_data_args, data
 from asr_spec.evaluation.streaming import feed_unpaced
 from asr_spec.models.loader import ModelOptions, load
 from asr_spec.recognizer import Recognizer
 from asr_spec.streaming import decode as decode_module
-from asr_spec.streaming import encoding
+from asr_spec.streaming import encoding, intake
 from asr_spec.streaming.config import EngineConfig
 from asr_spec.streaming.engine import Engine
 
@@ -75,7 +74,7 @@ def main() -> None:
     audios = [dev.session(args.seconds, 7 * i).audio for i in range(args.sessions)]
     feed_unpaced(engine, [a[:16000 * 5] for a in audios], 0.1)  # warm-up (kernels, the cost model's first tries)
     totals: dict[str, float] = {}
-    timed(vad.VoiceActivity, "__call__", "voice detection", totals)
+    timed(intake, "detect", "voice detection", totals)
     timed(decode_module, "encode_buffers", "encode: new audio (stream)", totals)
     timed(decode_module, "encode_whole", "encode: whole buffer", totals)
     timed(speculative.DecodingTask, "prefill", "decode: prefill", totals)

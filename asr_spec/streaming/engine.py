@@ -21,7 +21,7 @@ from .decode import decode_apart
 from .encoding import BufferEncoder
 from .events import Event
 from .request import RequestKind
-from .stream import Stream
+from .stream import Stream, listen
 
 LOAD_SAMPLE_S = 0.5  # the load is sampled after every decode, and at least this often while polling
 
@@ -163,8 +163,7 @@ class Engine:
         """Voice detection of every stream's new audio, outside the engine's lock (only this thread listens)."""
         with self._lock:
             streams = list(self._streams.values())
-        for s in streams:
-            s.listen()
+        listen(streams)
 
     def step(self) -> dict[int, list[Event]]:
         """Decode one batch of due streams (finals first, then by waiting time); return events per stream id."""

@@ -1,7 +1,8 @@
 """A stream's audio on its way in: received audio queued, then moved into the buffer with voice activity detection.
 
 ``feed`` only queues (a fast sender costs the receiving thread nothing); ``listen`` — run by the engine's thread,
-so that detection never competes with a decode for the CPU — moves the queue into the buffer and detects voice.
+so that detection never competes with a decode for the CPU — moves the queues of every stream into their buffers and
+detects voice in all of it together (``vad.detect``).
 The queue has a lock of its own: the engine listens without holding its lock, so detecting voice in a long backlog
 never holds up other sessions' calls.
 Every sample received leaves the buffer exactly once (``drop``), decoded or skipped as silence.
@@ -14,7 +15,7 @@ import time
 import numpy as np
 
 from ..audio import SAMPLE_RATE
-from ..vad import VoiceActivity
+from ..vad import VoiceActivity, detect
 from .events import StreamStats
 
 
@@ -43,22 +44,23 @@ class Intake:
         if self.waiting_since is None and len(audio):
             self.waiting_since = time.monotonic()
 
-    def listen(self, keep_silence: bool) -> None:
-        """Move queued audio into the buffer, detecting voice in it. While the buffer holds no speech (and
-        ``keep_silence`` is false: nothing in it is committed) only a short pre-roll of it is kept: once speech is
-        detected, ``preroll_s`` before its first voiced chunk. Times are those of the chunks voice detection flagged,
-        so the buffer and ``last_voiced`` are the same however the audio arrived (in one piece or many)."""
+    def receive(self) -> np.ndarray | None:
+        """Move queued audio into the buffer; returns it (None when nothing was queued)."""
         with self._queue_lock:
             if not self._queued:
-                return
+                return None
             queued, self._queued = self._queued, []
             self.audio = np.concatenate([self.audio, *queued])
             self._queued_s = 0.0
         audio = self.audio[len(self.audio) - sum(map(len, queued)):]
         self.since_decode += len(audio) / SAMPLE_RATE
-        if self.vad is None:
-            return
-        flags = self.vad(audio)
+        return audio
+
+    def detected(self, flags: list[bool], keep_silence: bool) -> None:
+        """Voice detection's flags for the chunks the audio received completed. While the buffer holds no speech (and
+        ``keep_silence`` is false: nothing in it is committed) only a short pre-roll of it is kept: once speech is
+        detected, ``preroll_s`` before its first voiced chunk. Times are those of the chunks voice detection flagged,
+        so the buffer and ``last_voiced`` are the same however the audio arrived (in one piece or many)."""
         flagged = len(self.audio) - self.vad.pending  # where the flagged chunks end in the buffer (samples)
         had_speech, onset = self.speech, None
         for i, voiced in enumerate(flags):
@@ -124,3 +126,12 @@ class Intake:
     def backlog_s(self) -> float:
         """Audio received but not yet committed or skipped (what a fast sender has queued)."""
         return self.buffer_s + self._queued_s
+
+
+def listen(intakes: list[tuple[Intake, bool]]) -> None:
+    """Several streams' queued audio moved into their buffers, voice detected in all of it together
+    (``vad.detect``: a stream's flags are the same alone or in company); ``(intake, keep_silence)`` each."""
+    received = [(intake, intake.receive(), keep) for intake, keep in intakes]
+    heard = [(i, audio, keep) for i, audio, keep in received if audio is not None and i.vad is not None]
+    for (intake, _, keep), flags in zip(heard, detect([(i.vad, audio) for i, audio, _ in heard])):
+        intake.detected(flags, keep)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from ..audio import SAMPLE_RATE
 from ..features import N_SAMPLES, TOKEN_SECONDS
 from ..recognizer import nothing_said
+from . import intake
 from .boundaries import Boundaries
 from .config import StreamConfig
 from .encoding import BufferEncoder
@@ -57,8 +58,8 @@ class Stream:
         self.emit.arrived(self.stats.audio_s)
 
     def listen(self) -> None:
-        """Take queued audio into the buffer, detecting voice in it."""
-        self.intake.listen(keep_silence=bool(self.committed))
+        """Take queued audio into the buffer, detecting voice in it (:func:`listen` does it for several streams)."""
+        listen([self])
 
     def flush(self, close: bool = False) -> None:
         """Decode what is buffered to the end (``finalize``; ``close`` when no audio will follow). Requests
@@ -318,3 +319,9 @@ class Stream:
 
     def _partial_event(self) -> list[Event]:
         return self.emit.partial_event(self.previous, self.committed, self.intake.start, self.intake.end)
+
+
+def listen(streams: list[Stream]) -> None:
+    """Each stream's queued audio taken into its buffer, voice detected in all of it together (a stream's flags are
+    the same alone or in company)."""
+    intake.listen([(s.intake, bool(s.committed)) for s in streams])
