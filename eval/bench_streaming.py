@@ -239,7 +239,8 @@ COLUMNS: list[tuple[str, Callable[[dict], object]]] = [
                                                           f"{r.get('decoder_passes_per_tick', '—')}"),
     ("torch operations per tick / per stream-step", lambda r: f"{r.get('ops_per_tick', '—')} / "
                                                                f"{r.get('ops_per_stream_step', '—')}"),
-    ("decodes per tick: static / eager (sampling fallbacks, a busy arena, ASR_SPEC_STATIC off)",
+    ("decodes per tick: static / eager of those that could be static (sampling fallbacks, a busy arena; none where "
+     "ASR_SPEC_STATIC is off)",
      lambda r: f"{r.get('static_decodes_per_tick', '—')} / {r.get('eager_decodes_per_tick', '—')}"),
     ("engine s per stream s / offline s per audio s (cost vs offline)",
      lambda r: f"{r['engine_s_per_stream_s']} / {r['offline_s_per_audio_s']} ({r['cost_vs_offline']}x)"),
