@@ -289,6 +289,7 @@ def main() -> None:
     if not args.skip_wer:
         results |= wer_part(tr, args)
     results["capacity"] = []
+    out = Path(args.out + ("" if args.compute_type == SERVE.compute_type else f"-{args.compute_type}"))
     dev = data(args)
     for n in (int(x) for x in args.sessions.split(",") if x):
         settings = serve.model_copy(update={"max_step": args.max_step, "alignment": args.alignment})
@@ -296,8 +297,10 @@ def main() -> None:
                        policy_named(args.policy))
         print(row, flush=True)
         results["capacity"].append(row)
+        results["largest_real_time_sessions"] = largest_real_time(results["capacity"])
+        # written after every count: a run cut short (a larger count that never finishes) keeps the counts before it
+        write_results(out / "results.json", results, args.threads, args.device)
     results["largest_real_time_sessions"] = largest_real_time(results["capacity"])
-    out = Path(args.out + ("" if args.compute_type == SERVE.compute_type else f"-{args.compute_type}"))
     results = write_results(out / "results.json", results, args.threads, args.device)
     (out / "report.md").write_text(text := report(results, args))
     print(text)

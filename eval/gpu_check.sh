@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks as one prepared script, for a lent GPU machine (docs/development.md, "On a lent GPU"): exactness
 # by pass and row count, the dev set target-only vs speculative at float16 (batch 1 and 8; static decode and eager),
-# the pass budget, the live engine at 16, 64, 128 and 256 sessions, the host ceiling. Each step has its own deadline and leaves its
+# the pass budget, the live engine at 16, 64, 128 and 256 sessions (and, with PROFILE_SESS, where its time goes), the
+# host ceiling. Each step has its own deadline and leaves its
 # results in $OUT as soon as it ends, so a run cut short still returns what it did.
 #
 #   GPU_DATA=/tmp/gpu OUT=/tmp/out bash eval/gpu_check.sh          # on the GPU machine
@@ -61,6 +62,13 @@ for mode in ${STREAM_MODES:-auto}; do
     --device "$DEVICE" --compute-type "$TYPE" --seconds "${STREAM_SECONDS:-$SECS}" --skip-wer --sessions "$(v="STREAM_SESS_$mode"; echo "${!v:-${STREAM_SESS:-$SESS}}")" \
     --threads "$THREADS" --out "$WORK/streaming-$mode" 2>&1 | tee "$OUT/streaming-static-$mode.log"
   cp "$WORK/streaming-$mode"*/results.json "$OUT/streaming-static-$mode.json" 2>/dev/null  # -TYPE ends the folder
+done
+# where the live engine's time goes at a count (PROFILE_SESS=64: engine time by part, no cProfile: under cProfile 64
+# streams did not finish in 110 s on an H200 host)
+for n in ${PROFILE_SESS:-}; do
+  ASR_SPEC_STATIC=${PROFILE_MODE:-auto} step "${PROFILE_LIMIT:-120}" $PY eval/profile_stream.py --device "$DEVICE" \
+    --compute-type "$TYPE" --sessions "$n" --seconds "${STREAM_SECONDS:-$SECS}" --threads "$THREADS" --no-cprofile \
+    > "$OUT/profile-stream-$n.txt" 2>&1
 done
 [ -z "${SKIP_BUDGET:-}" ] && step 60 $PY eval/pass_budget.py --device "$DEVICE" --compute-type "$TYPE" --files "$FILES" --systems target,spec \
   --threads "$THREADS" --manifest "$MANIFEST" --out "$OUT/pass-budget.json"
