@@ -14,7 +14,7 @@ from asr_spec.decoding.rows import RowResult, RowStats
 from asr_spec.streaming.config import StreamConfig
 from asr_spec.streaming.policy import AlignAtt, LocalAgreement
 from asr_spec.streaming.request import Decoded, RequestKind
-from asr_spec.streaming.stream import Stream
+from asr_spec.streaming.stream import Stream, listen
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def _stream(tokenizer, seconds: float, close: bool = False, **config) -> Stream:
     s.feed(np.zeros(int(seconds * 16000), np.float32))
     if close:
         s.flush(close=True)
-    s.listen()
+    listen([s])
     return s
 
 
@@ -92,7 +92,7 @@ def test_alignatt_commits_the_words_the_audio_already_supports(tokenizer):
         assert tokenizer.decode(s.previous).strip() == ("your country" if committed else "ask not what your country")
         assert [e.text for e in events if e.type == "partial"] == [tokenizer.decode(s.previous).strip()]
     s.feed(np.zeros(8000, np.float32))
-    s.listen()
+    listen([s])
     events = s.apply(s.request(RequestKind.PARTIAL), Decoded(_result([tb] + tokenizer.encode(" ask not what you can"))))
     assert [e.text for e in events if e.type == "final"] == ["ask not what"]  # agreed with the first decode
 
@@ -161,7 +161,7 @@ def test_every_sample_leaves_the_buffer_once(tokenizer):
     account for every second received."""
     s = Stream(StreamConfig(), tokenizer)
     s.feed(np.zeros(3 * 16000, np.float32))
-    s.listen()
+    listen([s])
     assert s.due() is None and s.intake.buffer_s == pytest.approx(0.3, abs=0.04)
     s.flush(close=True)
     assert s.due() is RequestKind.FINAL
@@ -179,7 +179,7 @@ def test_a_close_waits_for_the_audio_sent_before_it(tokenizer):
     s.feed(np.zeros(1600, np.float32))  # 0.1 s received, not yet listened to
     s.flush(close=True)
     assert s.due() is not RequestKind.FINAL
-    s.listen()
+    listen([s])
     assert s.due() is RequestKind.FINAL and len(s.request(RequestKind.FINAL).audio) == 2.1 * 16000
     s.apply(s.request(RequestKind.FINAL), Decoded(_result([])))
     assert s.flushes == 1 and s.intake.buffer_s == 0 and s.due() is None
@@ -210,7 +210,7 @@ def test_the_buffer_does_not_depend_on_how_the_audio_arrived(tokenizer, pieces_s
         while at < len(audio):
             n = int(lengths[min(i, len(lengths) - 1)] * 16000)
             s.feed(audio[at:at + n])
-            s.listen()
+            listen([s])
             at, i = at + n, i + 1
         return s
 

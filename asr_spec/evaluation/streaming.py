@@ -18,6 +18,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -139,16 +140,18 @@ class Offline:
     each is counted as often as it occurs. Keyed by the audio's bytes, per transcriber and word-timestamp option."""
 
     def __init__(self) -> None:
-        self._done: dict[tuple[int, bool, bytes], tuple[float, Transcript]] = {}
+        self._done: weakref.WeakKeyDictionary[Transcriber, dict[tuple[bool, bytes], tuple[float, Transcript]]] = \
+            weakref.WeakKeyDictionary()
 
     def __call__(self, tr: Transcriber, audio: np.ndarray, word_timestamps: bool = False) -> tuple[float, Transcript]:
         """(seconds the transcription took, its transcript)."""
-        key = (id(tr), word_timestamps, hashlib.sha1(audio.tobytes()).digest())
-        if key not in self._done:
+        done = self._done.setdefault(tr, {})
+        key = (word_timestamps, hashlib.sha1(audio.tobytes()).digest())
+        if key not in done:
             start = time.perf_counter()
             result = tr.transcribe(audio, TranscribeOptions(language="en", word_timestamps=word_timestamps))
-            self._done[key] = (time.perf_counter() - start, result)
-        return self._done[key]
+            done[key] = (time.perf_counter() - start, result)
+        return done[key]
 
 
 OFFLINE = Offline()

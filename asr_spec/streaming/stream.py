@@ -27,8 +27,9 @@ from .request import Decoded, RequestKind, StreamRequest
 
 
 class Stream:
-    """State of one stream. ``feed`` audio; the engine calls ``listen`` (voice detection of what arrived), and when
-    ``due()`` decodes ``request()`` and hands the result to ``apply``, which returns the events to send."""
+    """State of one stream. ``feed`` audio; the engine's :func:`listen` takes it in (voice detection of what arrived,
+    every stream's at once), and when ``due()`` decodes ``request()`` and hands the result to ``apply``, which returns
+    the events to send."""
 
     def __init__(self, config: StreamConfig, tokenizer, encoder: BufferEncoder | None = None):
         self.config = config
@@ -56,10 +57,6 @@ class Stream:
         """Queue received audio (analysed later, by the engine's thread: ``listen``)."""
         self.intake.feed(audio)
         self.emit.arrived(self.stats.audio_s)
-
-    def listen(self) -> None:
-        """Take queued audio into the buffer, detecting voice in it (:func:`listen` does it for several streams)."""
-        listen([self])
 
     def flush(self, close: bool = False) -> None:
         """Decode what is buffered to the end (``finalize``; ``close`` when no audio will follow). Requests
