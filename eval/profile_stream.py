@@ -1,7 +1,7 @@
 """Where a live stream's time goes: N streams of dev speech fed to one engine in-process (0.1 s chunks, as fast as
 the engine decodes them, with the engine's and streams' defaults: a fixed 0.5 s step), the busy time split into voice
 detection, encoding, decoding (prefill, verify passes, draft steps) and AlignAtt's word alignment, per stream
-second; then the functions that took the most time themselves (cProfile).
+second, and the rest of the tick; then the functions that took the most time themselves (cProfile).
 
     python eval/profile_stream.py [--sessions 4] [--seconds 40] [--device cpu] [--compute-type auto]
                                   [--threads 2] [--top 25] [--encoder-window stream|audio|full] [--no-cprofile]
@@ -34,9 +34,11 @@ from asr_spec.streaming.config import EngineConfig
 from asr_spec.streaming.engine import Engine
 
 
-def timed(owner, name: str, key: str, totals: dict[str, float]) -> None:
-    """Replace ``owner.name`` with a wrapper that adds its wall time to ``totals[key]``."""
+def timed(owner, name: str, key: str, totals: dict[str, float], device: str) -> None:
+    """Replace ``owner.name`` with a wrapper that adds its wall time to ``totals[key]`` (on a GPU, until the device has
+    done what it was given: a part's time is its host work and its kernels, not whichever later read waits for them)."""
     fn = getattr(owner, name)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -44,6 +46,7 @@ def timed(owner, name: str, key: str, totals: dict[str, float]) -> None:
         try:
             return fn(*args, **kwargs)
         finally:
+            sync()
             totals[key] = totals.get(key, 0.0) + time.perf_counter() - t0
     setattr(owner, name, wrapper)
 
@@ -74,14 +77,14 @@ def main() -> None:
     audios = [dev.session(args.seconds, 7 * i).audio for i in range(args.sessions)]
     feed_unpaced(engine, [a[:16000 * 5] for a in audios], 0.1)  # warm-up (kernels, the cost model's first tries)
     totals: dict[str, float] = {}
-    timed(intake, "detect", "voice detection", totals)
-    timed(decode_module, "encode_buffers", "encode: new audio (stream)", totals)
-    timed(decode_module, "encode_whole", "encode: whole buffer", totals)
-    timed(speculative.DecodingTask, "prefill", "decode: prefill", totals)
-    timed(speculative.DecodingTask, "verify", "decode: verify passes", totals)
-    timed(speculative.DecodingTask, "draft_tokens", "decode: draft steps", totals)
-    timed(engine.recognizer, "decode", "decode", totals)
-    timed(decode_module, "align_many", "AlignAtt alignment", totals)
+    timed(intake, "detect", "voice detection", totals, args.device)
+    timed(decode_module, "encode_buffers", "encode: new audio (stream)", totals, args.device)
+    timed(decode_module, "encode_whole", "encode: whole buffer", totals, args.device)
+    timed(speculative.DecodingTask, "prefill", "decode: prefill", totals, args.device)
+    timed(speculative.DecodingTask, "verify", "decode: verify passes", totals, args.device)
+    timed(speculative.DecodingTask, "draft_tokens", "decode: draft steps", totals, args.device)
+    timed(engine.recognizer, "decode", "decode", totals, args.device)
+    timed(decode_module, "align_many", "AlignAtt alignment", totals, args.device)
     engine.busy_s, engine.decodes = 0.0, 0
     profile = None if args.no_cprofile else cProfile.Profile()
     t0 = time.perf_counter()
@@ -99,6 +102,10 @@ def main() -> None:
     for key, seconds in totals.items():
         print(f"  {key:28s} {seconds:7.2f} s  {seconds / engine.busy_s:6.1%} of busy  "
               f"{seconds / stream_s / args.sessions:.3f} per stream second")
+    parts = ("voice detection", "encode: new audio (stream)", "encode: whole buffer", "decode", "AlignAtt alignment")
+    rest = engine.busy_s - sum(totals.get(k, 0.0) for k in parts)
+    print(f"  {'the rest (the tick itself)':28s} {rest:7.2f} s  {rest / engine.busy_s:6.1%} of busy  "
+          f"{rest / stream_s / args.sessions:.3f} per stream second")
     if profile is not None:
         pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
 
