@@ -4,7 +4,7 @@ detection, encoding, decoding (prefill, verify passes, draft steps) and AlignAtt
 second, and the rest of the tick; then the functions that took the most time themselves (cProfile).
 
     python eval/profile_stream.py [--sessions 4] [--seconds 40] [--device cpu] [--compute-type auto]
-                                  [--threads 2] [--top 25] [--encoder-window stream|audio|full] [--no-cprofile]
+                                  [--threads 2] [--top 25] [--encoder-window stream|audio|full] [--no-cprofile | --torch-profiler]
                                   [--alignment pass|decode] [--pad S] [--lookahead S]
                                   [--dev DIR]
 
@@ -15,6 +15,7 @@ No server and no real-time pacing (eval/bench_streaming.py measures those): this
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import functools
 import pstats
@@ -61,6 +62,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--encoder-window", default=encoding.WINDOWS[0], choices=encoding.WINDOWS)
     ap.add_argument("--no-cprofile", action="store_true", help="time the components only (cProfile slows Python)")
+    ap.add_argument("--torch-profiler", action="store_true",
+                    help="torch's profiler instead of cProfile: operators by host and device time (kernels on a GPU)")
     ap.add_argument("--alignment", default=None, help="pass or decode (default: the engine's)")
     ap.add_argument("--pad", type=float, default=None, help="seconds of silence the streaming encoder adds (default: 3)")
     ap.add_argument("--lookahead", type=float, default=None, help="seconds encoded again at each step (default: 2)")
@@ -86,11 +89,15 @@ def main() -> None:
     timed(engine.recognizer, "decode", "decode", totals, args.device)
     timed(decode_module, "align_many", "AlignAtt alignment", totals, args.device)
     engine.busy_s, engine.decodes = 0.0, 0
-    profile = None if args.no_cprofile else cProfile.Profile()
+    profile = None if args.no_cprofile or args.torch_profiler else cProfile.Profile()
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
+                                                          if args.device.startswith("cuda") else [])
+    operators = torch.profiler.profile(activities=activities) if args.torch_profiler else contextlib.nullcontext()
     t0 = time.perf_counter()
     if profile is not None:
         profile.enable()
-    feed_unpaced(engine, audios, 0.1)
+    with operators:
+        feed_unpaced(engine, audios, 0.1)
     if profile is not None:
         profile.disable()
     wall = time.perf_counter() - t0
@@ -106,6 +113,10 @@ def main() -> None:
     rest = engine.busy_s - sum(totals.get(k, 0.0) for k in parts)
     print(f"  {'the rest (the tick itself)':28s} {rest:7.2f} s  {rest / engine.busy_s:6.1%} of busy  "
           f"{rest / stream_s / args.sessions:.3f} per stream second")
+    if args.torch_profiler:
+        table = operators.key_averages()
+        for key in ("self_cpu_time_total",) + (("self_device_time_total",) if len(activities) > 1 else ()):
+            print(table.table(sort_by=key, row_limit=args.top, max_name_column_width=60))
     if profile is not None:
         pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
 

@@ -16,9 +16,10 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import sdpa_kernel
 
 from .linear import INT8_MODES, Dense, Linear, Plain
+from .network import CUDA_ATTENTION
 
 
 class Columns:
@@ -174,11 +175,6 @@ EXACT_QUERIES = 4
 EXACT_KEYS = 512
 
 
-# On CUDA, torch picks cuDNN's attention for float16 with a mask, and cuDNN plans anew for every new shape: 2-3 ms a
-# call with a stream's changing lengths (H100, eval/profile_stream.py --device cuda: 70 % of the engine's time).
-# The memory-efficient kernel takes masks too and plans nothing.
-SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
 
 class _Layer:
     """Weights of one decoder layer, with the self-attention q, k, v projections fused."""
@@ -303,7 +299,7 @@ class CachedDecoder:
             # an exact decoder's queries always contiguous: the kernel's products take another path for a strided view
             # (float32 on the CPU: other bits); a draft's as they come (a copy less: a kernel less on CUDA)
             q = F.pad(q, (0, 0, 0, pad)) if pad else q.contiguous() if self.exact else q
-            with sdpa_kernel(SDPA_BACKENDS) if q.is_cuda else nullcontext():
+            with sdpa_kernel(CUDA_ATTENTION) if q.is_cuda else nullcontext():
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=1.0)[:, :, :t]
 
         def cross(q: torch.Tensor, i: int, heads: list[int] | None) -> torch.Tensor:

@@ -11,12 +11,14 @@ decoder's inference runs in :class:`~asr_spec.models.kv_decoder.CachedDecoder`, 
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .compute import amx
 
@@ -24,16 +26,23 @@ WEIGHTS = "model.safetensors"
 Device = str | torch.device | None
 BLOCK = 128  # queries per block of :func:`blocked_attention`'s products
 _FUSED_BFLOAT16 = amx()  # PyTorch's fused CPU attention computes bfloat16 in bfloat16 products only with AMX
+# The attention kernels every model here may use on CUDA. Left to choose, torch picks cuDNN's attention for float16,
+# and cuDNN plans anew for every new shape: 2-3 ms a call with a stream's changing lengths (H100, the decoder: 70 % of
+# the live engine's time; H200, the streaming encoder's per-buffer calls: 1.5 ms each, 62 % of it). The
+# memory-efficient kernel takes masks too and plans nothing.
+CUDA_ATTENTION = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
            causal: bool = False) -> torch.Tensor:
     """Attention of scaled queries ``q`` [B, H, T, d] over keys and values [B, H, S, d]; ``mask`` [T, S]: True where a
     query may attend; ``causal``: each query to the keys up to its own position. PyTorch's fused kernel, except
-    bfloat16 on a CPU without AMX (:func:`blocked_attention`), where the fused kernel computes in float32 products."""
+    bfloat16 on a CPU without AMX (:func:`blocked_attention`), where the fused kernel computes in float32 products;
+    on CUDA one of :data:`CUDA_ATTENTION`."""
     if q.dtype == torch.bfloat16 and q.device.type == "cpu" and not causal and not _FUSED_BFLOAT16:
         return blocked_attention(q, k, v, mask)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, is_causal=causal and q.shape[2] > 1)
+    with sdpa_kernel(CUDA_ATTENTION) if q.is_cuda else nullcontext():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, is_causal=causal and q.shape[2] > 1)
 
 
 def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
