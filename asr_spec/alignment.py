@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .models.kv_decoder import CrossKV
+from .models.kv_decoder import CrossKV, length_mask
 from .models.loader import Whisper
 
 FRAMES_PER_SECOND = 50  # encoder output frames
@@ -155,9 +155,12 @@ def align(model: Whisper, memory: torch.Tensor, frames: int, language: str | Non
 
 
 @torch.inference_mode()
-def align_many(model: Whisper, windows: list[Alignment]) -> list[list[list[Word]]]:
+def align_many(model: Whisper, windows: list[Alignment], width: int | None = None) -> list[list[list[Word]]]:
     """:func:`align` for several windows, their text read in one forward pass of the target decoder (rows padded
-    with end-of-text after their own tokens, each attending to its own encoder positions)."""
+    with end-of-text after their own tokens, each attending to its own encoder positions: each memory length on its
+    own, or, with ``width``, every row's memory padded to ``width`` positions and attended under a mask in one call
+    per layer, as a static decode attends it: a row's numbers then depend on its own length and ``width`` only, and
+    the host's work does not grow with the rows' lengths)."""
     v = model.vocab
     out: list[list[list[Word]]] = [[[] for _ in w.segments] for w in windows]
     texts = [[t for seg in w.segments for t in seg if t < v.eot] for w in windows]
@@ -167,16 +170,16 @@ def align_many(model: Whisper, windows: list[Alignment]) -> list[list[list[Word]
     prefixes = [[*v.sot_sequence(windows[i].language if v.multilingual else None, windows[i].task), v.no_timestamps]
                 for i in rows]
     seqs = [p + texts[i] + [v.eot] for p, i in zip(prefixes, rows)]
-    width = max(map(len, seqs))
     dec = model.decoder
     device = windows[rows[0]].memory.device
-    tokens = torch.tensor([s + [v.eot] * (width - len(s)) for s in seqs], device=device)
+    tokens = torch.tensor([s + [v.eot] * (max(map(len, seqs)) - len(s)) for s in seqs], device=device)
     lengths = [windows[i].memory.shape[1] for i in rows]
-    longest = max(lengths)
-    memory = torch.cat([F.pad(windows[i].memory, (0, 0, 0, longest - windows[i].memory.shape[1])) for i in rows])
+    longest = width or max(lengths)
+    fit = lambda t, dim: t if t.shape[dim] == longest else F.pad(t, (0, 0, 0, longest - t.shape[dim]))  # noqa: E731
+    memory = torch.cat([fit(windows[i].memory, 1) for i in rows])
     cross = None
     if all(windows[i].cross is not None for i in rows):  # the decodes' own keys and values, padded alike
-        pad = lambda ts: torch.cat([F.pad(t, (0, 0, 0, longest - t.shape[2])) for t in ts])  # noqa: E731
+        pad = lambda ts: torch.cat([fit(t, 2) for t in ts])  # noqa: E731
         cross = CrossKV([pad([windows[i].cross.keys[layer] for i in rows]) for layer in range(len(dec.layers))],
                         [pad([windows[i].cross.values[layer] for i in rows]) for layer in range(len(dec.layers))])
     heads = alignment_heads(model)
@@ -184,8 +187,11 @@ def align_many(model: Whisper, windows: list[Alignment]) -> list[list[list[Word]
     for layer, head in heads:
         scores.setdefault(layer, []).append(head)
     at_layer = [scores[layer].index(head) for layer, head in heads]  # each head's place among its layer's
-    cache = dec.new_cache(memory, width, lengths if min(lengths) < longest else None, cross=cross)
-    positions = torch.arange(width, device=device)[None].expand(len(rows), width)
+    columns = max(map(len, seqs))
+    cache = dec.new_cache(memory, columns, lengths if min(lengths) < longest else None, cross=cross)
+    if width is not None and cache.cross_lengths is not None:
+        cache.static_mask = length_mask(lengths, longest, device)
+    positions = torch.arange(columns, device=device)[None].expand(len(rows), columns)
     # the output layer reads only the positions that predict scored text tokens (the rest of a row repeats its last)
     unscored = [sum(t < v.eot for seg in windows[i].segments[:windows[i].scored] for t in seg) for i in rows]
     scored = [len(texts[i]) - u for i, u in zip(rows, unscored)]
@@ -193,6 +199,7 @@ def align_many(model: Whisper, windows: list[Alignment]) -> list[list[list[Word]
     most = max(map(len, at))
     at = torch.tensor([a + a[-1:] * (most - len(a)) for a in at], device=device)
     logits = dec(cache, tokens, positions, at, cross_scores=scores)
+    attention = torch.stack([scores[layer][:, j] for (layer, _), j in zip(heads, at_layer)], 1)  # [rows, heads, T, S]
     for b, (i, prefix, text) in enumerate(zip(rows, prefixes, [texts[i] for i in rows])):
         w = windows[i]
         probs = logits[b, :scored[b], :v.eot].float().softmax(-1)
@@ -200,8 +207,7 @@ def align_many(model: Whisper, windows: list[Alignment]) -> list[list[list[Word]
                                                                     torch.tensor(text[unscored[b]:], dtype=torch.long)].cpu().numpy()])
         n_frames = max(1, min(w.frames // 2, lengths[b]))
         n = len(prefix) + len(text) + 1
-        att = torch.stack([scores[layer][b, j, :n, :n_frames] for (layer, _), j in zip(heads, at_layer)])
-        att = att.float().softmax(-1)
+        att = attention[b, :, :n, :n_frames].float().softmax(-1)
         out[i] = _words(model, w.segments, w.language, att, len(prefix) - 1, token_probs)
     return out
 

@@ -66,7 +66,7 @@ class VoiceActivity:
         self.threshold = threshold
         self._rest = np.zeros(0, dtype=np.float32)
         self._context = np.zeros(self.CONTEXT, dtype=np.float32)
-        self._state = torch.zeros(2, 128)  # the recurrent layer's hidden and cell state
+        self._state = np.zeros((2, 128), dtype=np.float32)  # the recurrent layer's hidden and cell state
 
     @property
     def pending(self) -> int:
@@ -109,26 +109,32 @@ def probabilities(work: list[tuple[VoiceActivity, np.ndarray]]) -> list[list[flo
     gates_in = torch.cat([net.front(b) for b in flat.split(BLOCK)])
     firsts = np.cumsum([0, *counts])
     out: list[list[float]] = [[] for _ in work]
+    padded = torch.cat([gates_in, gates_in.new_zeros(1, gates_in.shape[1])])  # its last row: a step without a chunk
     for first in range(0, len(work), ROWS):
         rows = range(first, min(first + ROWS, len(work)))
         steps = max(counts[i] for i in rows)
         if not steps:
             continue
-        h, c = torch.zeros(ROWS, 128), torch.zeros(ROWS, 128)
-        g = torch.zeros(steps, ROWS, gates_in.shape[1])
+        # the rows' inputs and states gathered in one operation each (a row without a chunk, or without a stream, reads
+        # the zero row and a zero state), so the host's work per call does not grow with the streams
+        at = np.full((steps, ROWS), len(padded) - 1)
+        states = np.zeros((ROWS, 2, 128), dtype=np.float32)
         for j, i in enumerate(rows):
-            h[j], c[j] = work[i][0]._state
-            g[:counts[i], j] = gates_in[firsts[i]:firsts[i] + counts[i]]
-        lengths = torch.tensor([counts[i] for i in rows] + [0] * (ROWS - len(rows)))
+            at[:counts[i], j] = np.arange(firsts[i], firsts[i] + counts[i])
+            states[j] = work[i][0]._state
+        g = padded[torch.from_numpy(at)]
+        h, c = torch.from_numpy(states).unbind(1)
+        lengths = torch.from_numpy(np.array([counts[i] for i in rows] + [0] * (ROWS - len(rows))))
         live = torch.arange(steps)[:, None, None] < lengths[:, None]  # [steps, ROWS, 1]: the rows with a chunk
         hs = torch.empty(steps, ROWS, 128)
         for n in range(steps):
             hs[n], c_next = net.step(g[n], h, c)
             h, c = torch.where(live[n], hs[n], h), torch.where(live[n], c_next, c)
-        probs = net.speech_probability(hs)
-        for j, (i, p) in enumerate(zip(rows, probs.T.tolist())):
-            out[i] = p[:counts[i]]
-            work[i][0]._state = torch.stack([h[j], c[j]])
+        probs = net.speech_probability(hs).T.tolist()
+        kept = torch.stack([h, c], 1).numpy()
+        for j, i in enumerate(rows):
+            out[i] = probs[j][:counts[i]]
+            work[i][0]._state = kept[j].copy()
     return out
 
 

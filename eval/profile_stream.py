@@ -4,7 +4,7 @@ detection, encoding, decoding (prefill, verify passes, draft steps) and AlignAtt
 second, and the rest of the tick; then the functions that took the most time themselves (cProfile).
 
     python eval/profile_stream.py [--sessions 4] [--seconds 40] [--device cpu] [--compute-type auto]
-                                  [--threads 2] [--top 25] [--encoder-window stream|audio|full] [--no-cprofile | --torch-profiler]
+                                  [--threads 2] [--top 25] [--encoder-window stream|audio|full] [--no-cprofile | --torch-profiler] [--ops]
                                   [--alignment pass|decode] [--pad S] [--lookahead S]
                                   [--dev DIR]
 
@@ -23,8 +23,9 @@ import time
 from dataclasses import replace
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from asr_spec.decoding import speculative
+from asr_spec.decoding import speculative, static
 from asr_spec.evaluation.harness import add_data_args, data
 from asr_spec.evaluation.streaming import feed_unpaced
 from asr_spec.models.loader import ModelOptions, load
@@ -34,22 +35,44 @@ from asr_spec.streaming import encoding, intake
 from asr_spec.streaming.config import EngineConfig
 from asr_spec.streaming.engine import Engine
 
+REST = "the rest (the tick itself)"
+_inside: list[list] = []  # the timed parts running now, innermost last: [key, static runs at entry, nested runs]
+_ops: dict[str, int] = {}  # torch operations dispatched per part (its own, not its nested parts'), with --ops
+
 
 def timed(owner, name: str, key: str, totals: dict[str, float], device: str) -> None:
     """Replace ``owner.name`` with a wrapper that adds its wall time to ``totals[key]`` (on a GPU, until the device has
-    done what it was given: a part's time is its host work and its kernels, not whichever later read waits for them)."""
+    done what it was given: a part's time is its host work and its kernels, not whichever later read waits for them)
+    and its static decode runs (each one graph replay on CUDA) to its operations."""
     fn = getattr(owner, name)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         t0 = time.perf_counter()
+        _inside.append([key, static.runs(), 0])
         try:
             return fn(*args, **kwargs)
         finally:
             sync()
             totals[key] = totals.get(key, 0.0) + time.perf_counter() - t0
+            _, runs0, nested = _inside.pop()
+            runs = static.runs() - runs0
+            _ops[key] = _ops.get(key, 0) + runs - nested
+            if _inside:
+                _inside[-1][2] += runs
     setattr(owner, name, wrapper)
+
+
+class OpsByPart(TorchDispatchMode):
+    """Counts each torch operation the host dispatches against the timed part running (a static decode's own
+    operations are not counted: its run counts one, as ``asr_spec.evaluation.streaming.OpCount`` counts them)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not static.inside():
+            key = _inside[-1][0] if _inside else REST
+            _ops[key] = _ops.get(key, 0) + 1
+        return func(*args, **(kwargs or {}))
 
 
 def main() -> None:
@@ -64,6 +87,8 @@ def main() -> None:
     ap.add_argument("--no-cprofile", action="store_true", help="time the components only (cProfile slows Python)")
     ap.add_argument("--torch-profiler", action="store_true",
                     help="torch's profiler instead of cProfile: operators by host and device time (kernels on a GPU)")
+    ap.add_argument("--ops", action="store_true",
+                    help="also count the torch operations each part dispatches per stream-step (slower: a Python call each)")
     ap.add_argument("--alignment", default=None, help="pass or decode (default: the engine's)")
     ap.add_argument("--pad", type=float, default=None, help="seconds of silence the streaming encoder adds (default: 3)")
     ap.add_argument("--lookahead", type=float, default=None, help="seconds encoded again at each step (default: 2)")
@@ -96,7 +121,7 @@ def main() -> None:
     t0 = time.perf_counter()
     if profile is not None:
         profile.enable()
-    with operators:
+    with operators, OpsByPart() if args.ops else contextlib.nullcontext():
         feed_unpaced(engine, audios, 0.1)
     if profile is not None:
         profile.disable()
@@ -111,8 +136,13 @@ def main() -> None:
               f"{seconds / stream_s / args.sessions:.3f} per stream second")
     parts = ("voice detection", "encode: new audio (stream)", "encode: whole buffer", "decode", "AlignAtt alignment")
     rest = engine.busy_s - sum(totals.get(k, 0.0) for k in parts)
-    print(f"  {'the rest (the tick itself)':28s} {rest:7.2f} s  {rest / engine.busy_s:6.1%} of busy  "
+    print(f"  {REST:28s} {rest:7.2f} s  {rest / engine.busy_s:6.1%} of busy  "
           f"{rest / stream_s / args.sessions:.3f} per stream second")
+    if args.ops:
+        print(f"torch operations per stream-step ({engine.decodes} stream-steps; a static decode's run counts one):")
+        for key, n in sorted(_ops.items(), key=lambda kv: -kv[1]):
+            print(f"  {key:28s} {n / engine.decodes:8.1f}")
+        print(f"  {'all':28s} {sum(_ops.values()) / engine.decodes:8.1f}")
     if args.torch_profiler:
         table = operators.key_averages()
         for key in ("self_cpu_time_total",) + (("self_device_time_total",) if len(activities) > 1 else ()):

@@ -93,6 +93,34 @@ def test_windows_aligned_together_get_the_words_each_gets_alone(tiny_dir, comput
         assert all(w.probability == 0.0 for w in c[0])
 
 
+@pytest.mark.parametrize("compute_type", ["float32", "bfloat16"])
+def test_windows_padded_to_a_width_get_their_words_whatever_their_company(tiny_dir, compute_type):
+    """With ``width`` (a static decode's padded memories: every row attends the whole width under its mask, one call
+    a layer) a window's words and times are the same alone and beside others of other lengths, bit for bit; and
+    its words the same as those of the unpadded pass (times may move by a frame where two paths nearly tie: not on
+    these)."""
+    import torch
+
+    from asr_spec.alignment import Alignment, align_many
+    from asr_spec.models.loader import load_target
+
+    tiny_target = load_target(str(tiny_dir), compute_type=compute_type)
+    dim = tiny_target.config.d_model
+    memories = [torch.randn(1, n, dim, generator=torch.Generator().manual_seed(s)) for n, s in ((20, 1), (14, 2), (9, 3))]
+    enc = tiny_target.tokenizer.encode
+    segments = [[enc(" and so my"), enc(" fellow Americans")], [enc(" ask not"), enc(" what your country can")],
+                [enc(" ask what"), enc(" you can do")]]
+    windows = [Alignment(m, 2 * m.shape[1], "en", "transcribe", s, scored=1) for m, s in zip(memories, segments)]
+    together = align_many(tiny_target, windows, width=24)
+    alone = [align_many(tiny_target, [w], width=24)[0] for w in windows]
+    unpadded = [align_many(tiny_target, [w])[0] for w in windows]
+    as_tuples = lambda ws: [(w.word, w.start, w.end, w.tokens, w.probability) for w in ws]  # noqa: E731
+    for a, b, c in zip(alone, together, unpadded):
+        assert [as_tuples(x) for x in a] == [as_tuples(x) for x in b]
+        assert [[w.word for w in x] for x in a] == [[w.word for w in x] for x in c]
+        assert [[(w.start, w.end) for w in x] for x in a] == [[(w.start, w.end) for w in x] for x in c]
+
+
 def test_a_decode_records_the_cross_attention_of_every_token_it_chose(tiny_target):
     """With ``attention_heads`` a decode keeps, for each token it chose (its prefix's included), the heads' scores
     of the query that chose it: the same scores one pass over the whole text gives; and the target's

@@ -91,7 +91,8 @@ def decode_batch(rec: Recognizer, requests: list[StreamRequest], c: EngineConfig
             for i, result in zip(group, again):
                 results[i] = result
     memory, fallbacks = [f.own.memory for f in rounds], [f.tries for f in rounds]
-    words = (_decoded_continuations if heads else _align_continuations)(rec, requests, results, memory, languages)
+    words = (_decoded_continuations(rec, requests, results, languages) if heads
+             else _align_continuations(rec, requests, results, memory, languages, width))
     return [Decoded(result, lang, not rec.needs_fallback(result, c.checks), tries,
                     _aligner(rec, r, mem, lang, result, known) if r.timed else None)
             for r, result, mem, lang, tries, known in zip(requests, results, memory, languages, fallbacks, words)]
@@ -171,7 +172,7 @@ def _aligner(rec: Recognizer, request: StreamRequest, memory: torch.Tensor, lang
 
 
 def _decoded_continuations(rec: Recognizer, requests: list[StreamRequest], results: list[RowResult],
-                           memory: list[torch.Tensor], languages: list[str | None]) -> list[dict[tuple, list[Word]]]:
+                           languages: list[str | None]) -> list[dict[tuple, list[Word]]]:
     """:func:`_align_continuations` from the cross-attention each decode recorded as it chose its tokens."""
     out: list[dict[tuple, list[Word]]] = [{} for _ in requests]
     for i, (r, result) in enumerate(zip(requests, results)):
@@ -184,9 +185,11 @@ def _decoded_continuations(rec: Recognizer, requests: list[StreamRequest], resul
 
 
 def _align_continuations(rec: Recognizer, requests: list[StreamRequest], results: list[RowResult],
-                         memory: list[torch.Tensor], languages: list[str | None]) -> list[dict[tuple, list[Word]]]:
+                         memory: list[torch.Tensor], languages: list[str | None],
+                         width: int | None) -> list[dict[tuple, list[Word]]]:
     """The words of each aligning request's continuation after its prefix (what AlignAtt commits from), all rows in
-    one pass of the target decoder; {(prefix, continuation): its words} per request."""
+    one pass of the target decoder (memories padded to ``width`` where the decode padded them: attended under a mask,
+    as the decode attended them); {(prefix, continuation): its words} per request."""
     rows = [i for i, r in enumerate(requests) if r.aligns]
     out: list[dict[tuple, list[Word]]] = [{} for _ in requests]
     if not rows:
@@ -195,7 +198,7 @@ def _align_continuations(rec: Recognizer, requests: list[StreamRequest], results
     windows = [Alignment(memory[i], len(requests[i].audio) // HOP, languages[i], requests[i].task,
                          [requests[i].prefix, cont[i]], results[i].cross, scored=1) for i in rows]
     try:
-        words = align_many(rec.target, windows)
+        words = align_many(rec.target, windows, width)
     except Exception:  # noqa: BLE001 - each row is aligned on its own when asked
         log.exception("aligning words failed")
         return out
