@@ -183,9 +183,9 @@ def parse_args() -> argparse.Namespace:
                     help=f"as serve's --alignment (default {SERVE.alignment}, serve's)")
     ap.add_argument("--compare-hints", action="store_true",
                     help="stream the long-form talk again without draft hints, to show what the hints save")
-    ap.add_argument("--encoder-windows", default=WINDOWS[0],
+    ap.add_argument("--encoder-windows", default="",
                     help="how streams' buffers are encoded for the WER part, comma-separated (streaming/encoding.py): "
-                    f"{', '.join(WINDOWS)} (default {WINDOWS[0]}, serve's)")
+                    f"{', '.join(WINDOWS)} (default: serve's on --device: full on CUDA, {WINDOWS[0]} on a CPU)")
     ap.add_argument("--pad", type=float, default=None,
                     help="seconds of silence the streaming encoder encodes after each step's audio (default: the "
                     "engine's, 3)")
@@ -207,10 +207,10 @@ def engine_config(settings: ServeSettings, args: argparse.Namespace) -> EngineCo
 def wer_part(tr: Transcriber, args: argparse.Namespace) -> dict:
     results = {}
     dev, talks = data(args, args.limit), longform(args)
+    serve = SERVE.model_copy(update={"device": args.device, "alignment": args.alignment})
     for win in args.encoder_windows.split(","):
         # a fixed step: the load step follows the machine's speed, which would make the text depend on it
-        config = replace(engine_config(SERVE.model_copy(update={"alignment": args.alignment}), args),
-                         encoder_window=win, max_step_s=0.0)
+        config = replace(engine_config(serve, args), encoder_window=win, max_step_s=0.0)
         tag = "" if win == WINDOWS[0] else f"_{win}_window"
         results["wer_dev" + tag] = streaming_wer(tr, dev, args.step, policy_named(args.policy), config=config)
         print("dev", win, results["wer_dev" + tag], flush=True)
@@ -278,6 +278,7 @@ def report(results: dict, args: argparse.Namespace) -> str:
 def main() -> None:
     args = parse_args()
     serve = SERVE.model_copy(update={"device": args.device})  # serve's defaults on that device
+    args.encoder_windows = args.encoder_windows or serve.window()
     torch.set_num_threads(args.threads)
     # serve's model and draft defaults
     target, draft = load(ModelOptions(device=args.device, compute_type=args.compute_type))

@@ -108,6 +108,7 @@ def main() -> None:
     timed(intake, "detect", "voice detection", totals, args.device)
     timed(decode_module, "encode_buffers", "encode: new audio (stream)", totals, args.device)
     timed(decode_module, "encode_whole", "encode: whole buffer", totals, args.device)
+    timed(decode_module, "encode_windows", "encode: full windows", totals, args.device)
     timed(speculative.DecodingTask, "prefill", "decode: prefill", totals, args.device)
     timed(speculative.DecodingTask, "verify", "decode: verify passes", totals, args.device)
     timed(speculative.DecodingTask, "draft_tokens", "decode: draft steps", totals, args.device)
@@ -134,7 +135,8 @@ def main() -> None:
     for key, seconds in totals.items():
         print(f"  {key:28s} {seconds:7.2f} s  {seconds / engine.busy_s:6.1%} of busy  "
               f"{seconds / stream_s / args.sessions:.3f} per stream second")
-    parts = ("voice detection", "encode: new audio (stream)", "encode: whole buffer", "decode", "AlignAtt alignment")
+    parts = ("voice detection", "encode: new audio (stream)", "encode: whole buffer", "encode: full windows", "decode",
+             "AlignAtt alignment")
     rest = engine.busy_s - sum(totals.get(k, 0.0) for k in parts)
     print(f"  {REST:28s} {rest:7.2f} s  {rest / engine.busy_s:6.1%} of busy  "
           f"{rest / stream_s / args.sessions:.3f} per stream second")

@@ -57,6 +57,10 @@ class ServeSettings(BaseSettings):
     max_step: float = Field(MAX_STEP_S, ge=0, description=(
         "let the step grow with the load up to this many seconds (the engine's recent step time / 0.7; 0: a fixed "
         "step)"))
+    encoder_window: Literal["auto", "stream", "full", "audio"] = Field("auto", description=(
+        "how a stream's buffer is encoded at each step: stream (each audio frame a bounded number of times, the rest "
+        "kept: the least arithmetic), full (Whisper's padded 30 s window, every stream's in one call: the least host "
+        "work), audio (the buffer and 2 s of silence); auto: full on CUDA, stream on a CPU"))
     alignment: Literal["pass", "decode"] = Field("pass", description=(
         "where AlignAtt's word times come from: pass (a pass of the target over the decoded text after each decode, "
         "Whisper's word alignment) or decode (the cross-attention the decode recorded as it chose each token: no "
@@ -131,6 +135,16 @@ class ServeSettings(BaseSettings):
         32 rows costs about what one over 1 does)."""
         return self.max_batch or (32 if self.cuda else 8)
 
+    def window(self) -> str:
+        """encoder_window, else full on CUDA and stream on a CPU. On a GPU the streaming encoder's arithmetic is
+        nothing, its host work per stream everything: it attends each buffer on its own (~280 torch operations per
+        stream and step, eval/profile_stream.py --ops), where full windows take one encoder call for every stream
+        (~20): on an H200, 64 streams' ticks spent most of their time issuing them (eval/results/gpu-h200-attention).
+        On a CPU the arithmetic is what counts: a 30 s window is ~5x the streaming encoder's tail."""
+        if self.encoder_window != "auto":
+            return self.encoder_window
+        return "full" if self.cuda else "stream"
+
     # --- what the server is built from ----------------------------------------------------------------------
     def model_options(self) -> ModelOptions:
         from asr_spec.models.loader import ModelOptions
@@ -139,10 +153,12 @@ class ServeSettings(BaseSettings):
                             self.torch_threads(), self.speculation, measure_now=False)
 
     def engine_config(self) -> EngineConfig:
-        """The streaming engine's configuration (the batch, the load step; the rest at the engine's defaults)."""
+        """The streaming engine's configuration (the batch, the load step, the encoder window; the rest at the
+        engine's defaults)."""
         from asr_spec.streaming.config import EngineConfig
 
-        return EngineConfig(max_batch=self.batch(), max_step_s=self.max_step, alignment=self.alignment)
+        return EngineConfig(max_batch=self.batch(), max_step_s=self.max_step, alignment=self.alignment,
+                            encoder_window=self.window())
 
     def server_config(self, api_keys: tuple[str, ...]) -> ServerConfig:
         from asr_spec.server.config import ServerConfig

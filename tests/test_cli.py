@@ -224,7 +224,8 @@ def settings_of(*argv: str):
 
 def test_serve_defaults_are_the_engines_and_the_measured_ones(monkeypatch):
     """serve's step and policy are the streaming library's defaults, its load step 3 s; on a CPU it leaves one core to the
-    event loop and admits the sessions measured to run at real time (2 per core with AMX, else 1); CUDA differs."""
+    event loop and admits the sessions measured to run at real time (2 per core with AMX, else 1); CUDA differs (and
+    encodes full windows, every stream's in one call)."""
     from asr_spec.server import settings as settings_module
 
     from asr_spec.streaming import MAX_STEP_S
@@ -242,6 +243,9 @@ def test_serve_defaults_are_the_engines_and_the_measured_ones(monkeypatch):
         assert settings_of().sessions() == sessions and settings_of("--max-sessions", "3").sessions() == 3
     assert settings_of("--device", "cuda").sessions() == 16
     assert s.batch() == 8 and settings_of("--device", "cuda").batch() == 32
+    assert (s.window(), settings_of("--device", "cuda").window()) == ("stream", "full")
+    assert settings_of("--device", "cuda", "--encoder-window", "stream").engine_config().encoder_window == "stream"
+    assert settings_of("--device", "cuda").engine_config().encoder_window == "full"
 
 
 def test_serve_settings_come_from_options_over_the_environment_over_the_defaults(monkeypatch, capsys):

@@ -93,3 +93,30 @@ def test_buffers_encoded_together_get_what_each_gets_alone(tiny_dir, compute_typ
                 else:
                     torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
     assert [e.cache.frozen for e in together] == [e.cache.frozen for e in alone]
+
+
+def test_full_windows_are_encoded_in_one_call_the_same_alone_or_in_company(tiny_target):
+    """Where decodes are static (a GPU) every stream's padded 30 s window goes through one encoder call, filled to a
+    fixed number of rows, with the target's cross-attention keys and values in one product per layer: a window's
+    numbers are then the same whatever was encoded with it, and (within the rounding of a batch's products) those it
+    gets encoded alone; without ``rows``, one call each."""
+    from asr_spec.features import N_FRAMES
+    from asr_spec.streaming.encoding import encode_whole, encode_windows
+
+    rec = Recognizer(tiny_target, None)
+    audios = [np.random.default_rng(i).normal(0, 0.1, n).astype(np.float32) for i, n in enumerate((16000, 40000, 8000))]
+    calls = rec.encoder_calls
+    together = encode_windows(rec, audios, rows=4)
+    assert rec.encoder_calls == calls + 1
+    for audio, encoded in zip(audios, together):
+        assert encoded.positions == N_FRAMES // 2 and encoded.draft_memory is None
+        alone = encode_windows(rec, [audio], rows=4)[0]
+        assert torch.equal(alone.memory, encoded.memory)
+        assert all(torch.equal(a, b) for a, b in zip(alone.cross.keys + alone.cross.values,
+                                                     encoded.cross.keys + encoded.cross.values))
+        torch.testing.assert_close(encoded.memory, encode_whole(rec, audio, full=True).memory, atol=1e-4, rtol=1e-4)
+        kv = tiny_target.decoder.cross_kv(encoded.memory)  # the decoder's own (row-exact) way, close
+        for a, b in zip(kv.keys + kv.values, encoded.cross.keys + encoded.cross.values):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    calls = rec.encoder_calls
+    assert len(encode_windows(rec, audios, rows=None)) == 3 and rec.encoder_calls == calls + 3

@@ -159,7 +159,7 @@ def stack_cross(rows: list[CrossKV], width: int | None = None) -> CrossKV:
     """Rows' cross-attention keys and values [1, H, S_i, Dh] as one batch [B, H, max S (or ``width``), Dh] (zeros
     after each row's length: give the rows their lengths so that attention masks them)."""
     longest = max(width or 0, *(r.keys[0].shape[2] for r in rows))
-    pad = lambda t: F.pad(t, (0, 0, 0, longest - t.shape[2]))  # noqa: E731
+    pad = lambda t: t if t.shape[2] == longest else F.pad(t, (0, 0, 0, longest - t.shape[2]))  # noqa: E731
     stack = lambda parts: [torch.cat([pad(t) for t in layer]) for layer in zip(*parts)]  # noqa: E731
     return CrossKV(stack([r.keys for r in rows]), stack([r.values for r in rows]))
 
@@ -262,17 +262,19 @@ class CachedDecoder:
         return KVCache(self_k, self_v, cross_k, cross_v, list(lengths) if ragged else None)
 
     @torch.inference_mode()
-    def cross_kv(self, encoder_out: torch.Tensor) -> CrossKV:
+    def cross_kv(self, encoder_out: torch.Tensor, fixed: bool = False) -> CrossKV:
         """The cross-attention keys and values of encoder outputs [B, S, D], per layer [B, H, S, Dh]. A position's
-        depend on its own output only, so a growing buffer's can be computed a piece at a time (streaming)."""
+        depend on its own output only, so a growing buffer's can be computed a piece at a time (streaming).
+        ``fixed``: ``encoder_out``'s shape never changes (a stream engine's full windows, filled to a fixed number of
+        rows): one product per layer, a position's bits depending on that shape only."""
         b = encoder_out.shape[0]
         encoder_out = encoder_out.to(self.dtype)
         keys, values = [], []
         for layer in self.layers:
             h, dh = layer.heads, layer.ca.k_proj.out_features // layer.heads
             split = lambda t: t.view(b, -1, h, dh).transpose(1, 2).contiguous()  # noqa: E731
-            keys.append(split(layer.ca_k(encoder_out)))
-            values.append(split(layer.ca_v(encoder_out)))
+            keys.append(split(layer.ca_k.fixed(encoder_out) if fixed else layer.ca_k(encoder_out)))
+            values.append(split(layer.ca_v.fixed(encoder_out) if fixed else layer.ca_v(encoder_out)))
         return CrossKV(keys, values)
 
     @torch.inference_mode()

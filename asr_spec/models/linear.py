@@ -151,6 +151,11 @@ class Dense:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return project(x, self.weight, self.bias, self.wide)
 
+    def fixed(self, x: torch.Tensor) -> torch.Tensor:
+        """One ``F.linear``, for calls whose shape never changes: a row's bits then depend on that shape only (a
+        kernel is chosen by the shape), and the blocks' launches are spared."""
+        return F.linear(x, self.weight, self.bias)
+
 
 class Plain(Dense):
     """A linear layer as one ``F.linear`` (bias fused): for a draft on CUDA, whose rows need not be exact (the target
@@ -195,6 +200,10 @@ class Int8:
             pad = -self.out_features % 8
             self.weight_t = F.pad(torch.round(w / scales[:, None]), (0, 0, 0, pad)).to(torch.int8).t().contiguous()
             self.scales = scales
+
+    def fixed(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`__call__` (row-exact at every shape already)."""
+        return self(x)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).float()

@@ -26,7 +26,7 @@ from ..models.kv_decoder import CrossKV, stack_cross
 from ..models.pair import Pair
 from ..recognizer import EncoderWindow, Recognizer, Retry, pad_memories
 from .config import EngineConfig, WordTiming
-from .encoding import Encoded, encode_buffers, encode_whole
+from .encoding import Encoded, encode_buffers, encode_whole, encode_windows
 from .events import Aligner
 from .request import Decoded, StreamRequest
 
@@ -46,22 +46,25 @@ def decode_apart(rec: Recognizer, requests: list[StreamRequest], config: EngineC
     return [out for r in requests for out in decode_apart(rec, [r], config)]
 
 
-def encode(rec: Recognizer, requests: list[StreamRequest], config: EngineConfig) -> list[Encoded]:
+def encode(rec: Recognizer, requests: list[StreamRequest], config: EngineConfig, rows: int | None) -> list[Encoded]:
     """Each request's buffer encoded: the streaming encoder's in one forward for all of them (``encode_buffers``),
-    the others (``encoder_window`` audio or full) one by one."""
-    streaming = config.encoder_window is EncoderWindow.STREAM
-    streamed = [i for i, r in enumerate(requests) if r.encoder is not None and streaming]
+    full windows in one call for all of them (``encode_windows``, at least ``rows`` windows a call where given), the
+    buffer and 2 s of silence (``audio``) one by one."""
+    window = config.encoder_window
+    streamed = [i for i, r in enumerate(requests) if r.encoder is not None and window is EncoderWindow.STREAM]
     out: dict[int, Encoded] = dict(zip(streamed, encode_buffers([(requests[i].encoder, requests[i].audio,
                                                                    requests[i].start) for i in streamed])))
-    return [out[i] if i in out else encode_whole(rec, r.audio, full=config.encoder_window is EncoderWindow.FULL)
-            for i, r in enumerate(requests)]
+    if window is EncoderWindow.FULL:
+        whole = [i for i in range(len(requests)) if i not in out]
+        out |= dict(zip(whole, encode_windows(rec, [requests[i].audio for i in whole], rows)))
+    return [out[i] if i in out else encode_whole(rec, r.audio, full=False) for i, r in enumerate(requests)]
 
 
 @torch.inference_mode()
 def decode_batch(rec: Recognizer, requests: list[StreamRequest], c: EngineConfig) -> list[Decoded]:
-    encoded = encode(rec, requests, c)
-    lengths = [e.positions for e in encoded]
     width = PADDED if static.wanted(rec.target.decoder.device) else None
+    encoded = encode(rec, requests, c, c.max_batch if width is not None else None)
+    lengths = [e.positions for e in encoded]
     memories = _memories(encoded, width)
     languages = [r.language for r in requests]
     if rec.vocab.multilingual and None in languages:

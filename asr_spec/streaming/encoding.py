@@ -160,3 +160,23 @@ def encode_whole(recognizer: Recognizer, audio: np.ndarray, full: bool) -> Encod
     mel = window(log_mel(audio, recognizer.target.n_mels), 0, frames)[None]
     memories = recognizer.encode(mel.to(recognizer.target.decoder.device))
     return Encoded(memories.target, memories.draft)
+
+
+def encode_windows(recognizer: Recognizer, audios: list[np.ndarray], rows: int | None) -> list[Encoded]:
+    """Each buffer on Whisper's padded 30 s window. With ``rows`` (where decodes are static: a GPU) all of them in one
+    encoder call of at least ``rows`` windows (the rest zeros), and the target's cross-attention keys and values of
+    them in one product per layer: the host's work per tick hardly grows with the streams while the GPU does the
+    arithmetic, and at a fixed shape a window's numbers do not depend on how many were encoded with it. Without, one
+    call each (on a CPU a batch's products may round otherwise than one window's)."""
+    if not audios:
+        return []
+    if rows is None:
+        return [encode_whole(recognizer, audio, full=True) for audio in audios]
+    n_mels, decoder = recognizer.target.n_mels, recognizer.target.decoder
+    mels = [window(log_mel(audio, n_mels), 0, N_FRAMES) for audio in audios]
+    mels += [mels[0].new_zeros(mels[0].shape)] * max(0, rows - len(mels))
+    memories = recognizer.encode(torch.stack(mels).to(decoder.device))
+    kv = decoder.cross_kv(memories.target, fixed=True)  # the target's keys and values, at the same fixed shape
+    draft = memories.draft
+    return [Encoded(memories.target[i:i + 1], None if draft is None else draft[i:i + 1], kv.map(lambda t: t[i:i + 1]))
+            for i in range(len(audios))]
