@@ -57,11 +57,15 @@ for mode in ${STATIC_MODES-auto}; do
 done
 # the live engine (its steps static on CUDA since issue 48: ASR_SPEC_STATIC=auto; STREAM_MODES="auto off" compares;
 # STREAM_SESS_<mode> and STREAM_LIMIT_<mode> give a mode's session counts and deadline; each count's row is in streaming-static-<mode>.log as it ends)
+# STREAM_WINDOWS="full stream" compares serve's encoder windows (ASR_SPEC_ENCODER_WINDOW; auto: serve's, full on CUDA)
+for win in ${STREAM_WINDOWS:-auto}; do
 for mode in ${STREAM_MODES:-auto}; do
-  [ -z "${SKIP_STREAMING:-}" ] && ASR_SPEC_STATIC=$mode step "$(v="STREAM_LIMIT_$mode"; echo "${!v:-${STREAM_SECS_LIMIT:-300}}")" $PY eval/bench_streaming.py \
+  tag=$mode$([ "$win" = auto ] || echo "-$win")
+  [ -z "${SKIP_STREAMING:-}" ] && ASR_SPEC_ENCODER_WINDOW=$win ASR_SPEC_STATIC=$mode step "$(v="STREAM_LIMIT_$mode"; echo "${!v:-${STREAM_SECS_LIMIT:-300}}")" $PY eval/bench_streaming.py \
     --device "$DEVICE" --compute-type "$TYPE" --seconds "${STREAM_SECONDS:-$SECS}" --skip-wer --sessions "$(v="STREAM_SESS_$mode"; echo "${!v:-${STREAM_SESS:-$SESS}}")" \
-    --threads "$THREADS" --out "$WORK/streaming-$mode" 2>&1 | tee "$OUT/streaming-static-$mode.log"
-  cp "$WORK/streaming-$mode"*/results.json "$OUT/streaming-static-$mode.json" 2>/dev/null  # -TYPE ends the folder
+    --threads "$THREADS" --out "$WORK/streaming-$tag" 2>&1 | tee "$OUT/streaming-static-$tag.log"
+  cp "$WORK/streaming-$tag"*/results.json "$OUT/streaming-static-$tag.json" 2>/dev/null  # -TYPE ends the folder
+done
 done
 # where the live engine's time goes at a count (PROFILE_SESS=64: engine time by part, no cProfile: under cProfile 64
 # streams did not finish in 110 s on an H200 host)

@@ -1,5 +1,6 @@
 """Where a live stream's time goes: N streams of dev speech fed to one engine in-process (0.1 s chunks, as fast as
-the engine decodes them, with the engine's and streams' defaults: a fixed 0.5 s step), the busy time split into voice
+the engine decodes them, with serve's engine settings on the device — its batch and encoder window — and the streams'
+defaults, at a fixed 0.5 s step), the busy time split into voice
 detection, encoding, decoding (prefill, verify passes, draft steps) and AlignAtt's word alignment, per stream
 second, and the rest of the tick; then the functions that took the most time themselves (cProfile).
 
@@ -23,6 +24,7 @@ import time
 from dataclasses import replace
 
 import torch
+from asr_spec.server.settings import ServeSettings
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from asr_spec.decoding import speculative, static
@@ -32,7 +34,6 @@ from asr_spec.models.loader import ModelOptions, load
 from asr_spec.recognizer import Recognizer
 from asr_spec.streaming import decode as decode_module
 from asr_spec.streaming import encoding, intake
-from asr_spec.streaming.config import EngineConfig
 from asr_spec.streaming.engine import Engine
 
 REST = "the rest (the tick itself)"
@@ -83,7 +84,8 @@ def main() -> None:
     ap.add_argument("--compute-type", default="auto")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--encoder-window", default=encoding.WINDOWS[0], choices=encoding.WINDOWS)
+    ap.add_argument("--encoder-window", default=None, choices=encoding.WINDOWS,
+                    help="default: serve's on --device (full on CUDA, stream on a CPU)")
     ap.add_argument("--no-cprofile", action="store_true", help="time the components only (cProfile slows Python)")
     ap.add_argument("--torch-profiler", action="store_true",
                     help="torch's profiler instead of cProfile: operators by host and device time (kernels on a GPU)")
@@ -96,7 +98,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target, draft = load(ModelOptions(device=args.device, compute_type=args.compute_type))
-    config = EngineConfig(encoder_window=args.encoder_window)
+    serve = ServeSettings(device=args.device, encoder_window=args.encoder_window or "auto")
+    config = replace(serve.engine_config(), max_step_s=0.0)  # serve's batch and window, a fixed step
+    args.encoder_window = config.encoder_window
     for name, value in (("alignment", args.alignment), ("pad_s", args.pad), ("lookahead_s", args.lookahead)):
         if value is not None:
             config = replace(config, **{name: value})

@@ -108,10 +108,12 @@ def test_a_padded_decode_takes_the_arena_and_keeps_each_rows_own_cross_attention
     assert [r.tokens for r in plain] == [r.tokens for r in results]
 
 
-def test_a_stream_through_the_engine_is_exact_on_the_static_path(tiny_target, draft, monkeypatch):
+@pytest.mark.parametrize("window", ["stream", "full"])
+def test_a_stream_through_the_engine_is_exact_on_the_static_path(tiny_target, draft, monkeypatch, window):
     """ASR_SPEC_STATIC=on (what CUDA does by default): a stream's events are the same with a draft and without, and
     the same when every decode runs eagerly (an arena busy: the eager loop attends the padded buffers as the arena
-    does); the engine's decodes really ran in arenas."""
+    does); the engine's decodes really ran in arenas. With the streaming encoder and with full windows (CUDA's
+    default: every stream's window in one call, the keys and values it gives the decodes)."""
     from asr_spec.recognizer import Recognizer
     from asr_spec.streaming.config import EngineConfig, StreamConfig
     from asr_spec.streaming.engine import Engine, stream_audio
@@ -120,7 +122,8 @@ def test_a_stream_through_the_engine_is_exact_on_the_static_path(tiny_target, dr
     audio = torch.randn(48000, generator=torch.Generator().manual_seed(3)).mul(0.1).numpy()
 
     def events(use_draft: bool) -> list[tuple]:
-        engine = Engine(Recognizer(tiny_target, draft if use_draft else None), EngineConfig(max_step_s=0.0))
+        engine = Engine(Recognizer(tiny_target, draft if use_draft else None),
+                        EngineConfig(max_step_s=0.0, encoder_window=window))
         return [(e.type, e.text, round(e.start, 3), round(e.end, 3)) for e in
                 stream_audio(engine, audio, StreamConfig(vad=False), chunk_s=0.3)]
 
