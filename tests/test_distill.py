@@ -71,7 +71,13 @@ def test_distill_writes_a_draft_that_decodes_exactly_and_resumes(tmp_path, base_
     r = distill(*[a if a != str(out) else str(tuned) for a in common], "--steps", "2", "--init", str(out),
                 "--augment", "1", "--on-policy", "0.5", "--real-clips", "2")
     assert r.returncode == 0, r.stderr[-3000:]
-    examples = json.loads((tuned / "report.json").read_text())["examples"]
+    tuned_report = json.loads((tuned / "report.json").read_text())
+    examples = tuned_report["examples"]
+    # the run it continues counts in its training time, and a draft continued from it would list both
+    assert [(r["steps"], r["draft"]) for r in tuned_report["earlier_runs"]] == [(6, str(out))]
+    assert "Trained in 2 runs" in (tuned / "README.md").read_text()
+    assert json.loads((tuned / "asr_spec_draft.json").read_text())["training"]["earlier_runs"] == \
+        tuned_report["earlier_runs"]
     assert examples["aug"] > 0 and examples["real"] < report["examples"]["real"]
     assert examples["session"] == report["examples"]["session"]
     assert json.loads((tuned / "asr_spec_draft.json").read_text())["head_ids"] == draft.decoder.head_ids.tolist()

@@ -36,10 +36,28 @@ token, so transcripts are the target's own whatever the draft proposes.
 | step | minutes | held-aside acceptance |
 |---|---|---|
 {history}
-"""
+{_lineage(report)}"""
     (out / "README.md").write_text(card)
 
 
 def _hours(hours: dict[str, float]) -> str:
     names = {"real": "real clips", "aug": "augmented copies", "tts": "synthesized", "session": "real clips joined into recordings (the same audio again)"}
     return "; ".join(f"{names.get(k, k)} {v:.2f} h" for k, v in hours.items()) or "not recorded"
+
+
+def _lineage(report: dict) -> str:
+    """The runs this draft continues (``--init``, run after run) and the training time of all of them."""
+    runs = report.get("earlier_runs") or []
+    if not runs:
+        return ""
+    rows = "\n".join(f"| {r.get('draft', '?')} | {r['steps']} | {r['train_seconds'] / 60:.1f} | "
+                     f"{100 * r['held_aside_acceptance']:.1f} % |" for r in runs)
+    total = sum(r["train_seconds"] for r in runs) + report["train_seconds"]
+    return f"""
+Trained in {len(runs) + 1} runs, each continuing the draft before it: **{total / 3600:.2f} h of training in all**
+(this run {report['train_seconds'] / 3600:.2f} h). The runs before this one (each on its own held-aside set):
+
+| draft | steps | minutes | held-aside acceptance |
+|---|---|---|---|
+{rows}
+"""

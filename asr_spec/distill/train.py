@@ -62,6 +62,20 @@ class State:
     history: list[dict] = field(default_factory=list)
 
 
+
+RUN_FIELDS = ("steps", "train_seconds", "held_aside_acceptance")
+
+
+def earlier_runs(init: Path | None) -> list[dict]:
+    """The training runs behind the draft ``init``, oldest first, as its metadata records them (the runs behind it,
+    then its own): a draft trained in several continued runs reports its whole training time. A draft written before
+    this was recorded lists only its own run."""
+    if init is None:
+        return []
+    training = json.loads((init / DRAFT_META).read_text()).get("training", {})
+    own = {k: training[k] for k in RUN_FIELDS if k in training} | {"draft": str(init)}
+    return [*training.get("earlier_runs", []), own]
+
 def workdir(o: DistillOptions) -> Path:
     return o.work or o.out / "work"
 
@@ -318,7 +332,7 @@ def distill(o: DistillOptions) -> dict:
         state.history.append({"step": state.step, "seconds": round(state.seconds, 1), "acceptance": round(acceptance, 4)})
     save()
     report = {
-        "target": o.target, "layers_from": layers, "decoder_layers": len(layers),
+        "target": o.target, "layers_from": layers, "decoder_layers": len(layers), "earlier_runs": earlier_runs(o.init),
         "head_tokens": len(head_ids) if head_ids else target.vocab.size,
         "held_aside_label_coverage": round(float(coverage), 4),
         "examples": {"train": len(train), "held_aside": len(held),
@@ -330,6 +344,7 @@ def distill(o: DistillOptions) -> dict:
     }
     save_distilled(o.out, dec, head.detach(), head_ids, {"target": o.target, "vocab_size": target.vocab.size,
                                                           "training": {k: report[k] for k in ("steps", "train_seconds",
-                                                                       "held_aside_acceptance", "layers_from")}})
+                                                                       "held_aside_acceptance", "layers_from",
+                                                                       "earlier_runs")}})
     (o.out / "report.json").write_text(json.dumps(report, indent=1))
     return report
