@@ -3,9 +3,11 @@ that loads, keeps decoding exact, and resumes from its checkpoint."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -64,6 +66,30 @@ def test_distill_writes_a_draft_that_decodes_exactly_and_resumes(tmp_path, base_
     r = distill(*common, "--steps", "6")  # same options: the checkpoint is complete, nothing to redo
     assert "resumed from step 6" in r.stderr
     assert json.loads((out / "report.json").read_text())["steps"] == 6
+    r = distill(*common, "--steps", "8")  # a larger budget trains on from the checkpoint
+    assert "resumed from step 6" in r.stderr, r.stderr[-3000:]
+    assert [h["step"] for h in json.loads((out / "report.json").read_text())["history"]][-2:] == [6, 8]
+
+    # a long run writes its draft at every checkpoint: stopped at any time, it leaves a draft that decodes exactly
+    long = subprocess.Popen([sys.executable, "-m", "asr_spec", "distill", *common, "--steps", "400",
+                             "--checkpoint-every", "2"], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    try:
+        while json.loads((out / "report.json").read_text())["steps"] < 12:
+            assert long.poll() is None and time.monotonic() < deadline, "no checkpoint past step 10 in 300 s"
+            time.sleep(0.5)
+    finally:
+        long.kill()
+        stderr = long.communicate(timeout=60)[1]
+    assert "resumed from step 8" in stderr, stderr[-3000:]
+    stopped = json.loads((out / "report.json").read_text())
+    assert stopped["steps"] >= 12 and stopped["steps"] % 2 == 0
+    assert json.loads((out / "asr_spec_draft.json").read_text())["training"]["steps"] >= stopped["steps"]
+    assert int(re.search(r"Seed 0; (\d+) steps", (out / "README.md").read_text())[1]) >= stopped["steps"]
+    draft = load_draft(str(out), base_model)
+    spec = Transcriber(base_model, draft).decode(memories, [prompt], k=4)[0]
+    assert spec.tokens == ref.tokens
+    stopped = json.loads((out / "report.json").read_text())  # the run may have written one more before it was killed
 
     tuned = tmp_path / "tuned"  # fine-tuning the draft keeps its shortlist and stays exact
     # ... with augmented copies of the real clips and on-policy batches (the draft's own paths)
@@ -74,7 +100,7 @@ def test_distill_writes_a_draft_that_decodes_exactly_and_resumes(tmp_path, base_
     tuned_report = json.loads((tuned / "report.json").read_text())
     examples = tuned_report["examples"]
     # the run it continues counts in its training time, and a draft continued from it would list both
-    assert [(r["steps"], r["draft"]) for r in tuned_report["earlier_runs"]] == [(6, str(out))]
+    assert [(r["steps"], r["draft"]) for r in tuned_report["earlier_runs"]] == [(stopped["steps"], str(out))]
     assert "Trained in 2 runs" in (tuned / "README.md").read_text()
     assert json.loads((tuned / "asr_spec_draft.json").read_text())["training"]["earlier_runs"] == \
         tuned_report["earlier_runs"]

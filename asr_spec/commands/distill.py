@@ -29,8 +29,10 @@ class DistillSettings:
     session_seconds: float = option(120.0, "also join consecutive real clips into recordings this long and label "
                                     "them window by window as transcribe decodes them (previous text as prompt); 0: off")
     init: str | None = option(None, "continue training this draft (its layers, output layer and shortlist)")
-    minutes: float = option(20.0, "training time budget")
+    minutes: float = option(20.0, "training time budget (rerun with a larger one to train on from the checkpoint)")
     steps: int = option(0, "train this many steps instead of a time budget")
+    checkpoint_every: int = option(50, "steps between checkpoints, each measuring the held-aside acceptance and "
+                                   "writing the draft to OUT")
     batch: int = option(16)
     lr: float = option(7e-4)
     seed: int = option(0)
@@ -56,7 +58,8 @@ class DistillSettings:
                               max_steps=self.steps, batch=self.batch, lr=self.lr, seed=self.seed,
                               session_s=self.session_seconds, init=Path(self.init) if self.init else None,
                               compute_type=self.compute_type, device=self.torch_device, augment=self.augment,
-                              on_policy=self.on_policy, policy_steps=self.policy_steps)
+                              on_policy=self.on_policy, policy_steps=self.policy_steps,
+                              eval_every=self.checkpoint_every)
 
 
 def distill(settings: DistillSettings) -> int:
@@ -74,12 +77,12 @@ def distill(settings: DistillSettings) -> int:
     if missing:
         print(f"error: not found: {', '.join(missing)}", file=sys.stderr)
         return 1
-    try:
-        report = train(settings.options())
+    command = "asr_spec distill " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    try:  # the draft, its report and its card at every checkpoint: a run stopped at any time leaves its last draft
+        report = train(settings.options(), published=lambda r: write_card(Path(settings.out), r, command))
     except (ModelError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    write_card(Path(settings.out), report, "asr_spec distill " + " ".join(shlex.quote(a) for a in sys.argv[2:]))
     print(f"draft written to {settings.out}: held-aside acceptance {report['held_aside_acceptance']:.1%} after "
           f"{report['steps']} steps ({report['train_seconds'] / 60:.1f} min); use it with --draft {settings.out}")
     return 0

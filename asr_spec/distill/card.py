@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..writers import write_atomic
+
 
 def write_card(out: Path, report: dict, command: str) -> None:
     ex = report["examples"]
@@ -37,7 +39,7 @@ token, so transcripts are the target's own whatever the draft proposes.
 |---|---|---|
 {history}
 {_lineage(report)}"""
-    (out / "README.md").write_text(card)
+    write_atomic(out / "README.md", card)
 
 
 def _hours(hours: dict[str, float]) -> str:

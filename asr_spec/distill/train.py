@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,7 @@ from tqdm import tqdm
 
 from ..audio import SAMPLE_RATE
 from ..models.loader import DRAFT_META, Whisper, distilled_decoder, load_target, save_distilled
+from ..writers import write_atomic
 from .data import Example, audio_files, augmented, clips, label, label_sessions, sessions, synthesize
 from .onpolicy import on_policy
 from .tts import available_engines
@@ -64,6 +66,16 @@ class State:
 
 
 RUN_FIELDS = ("steps", "train_seconds", "held_aside_acceptance")
+
+
+# options that say how long and where a run trains, not what: a rerun that changes them resumes the checkpoint
+BUDGET = ("out", "minutes", "max_steps", "eval_every")
+
+
+def same_training(saved: dict, options: dict) -> bool:
+    """Whether a checkpoint written with ``saved`` options continues a run with ``options``."""
+    strip = lambda d: {k: v for k, v in d.items() if k not in BUDGET}  # noqa: E731
+    return strip(saved) == strip(options)
 
 
 def earlier_runs(init: Path | None) -> list[dict]:
@@ -219,7 +231,11 @@ def held_aside_acceptance(model, head: torch.Tensor, batcher: Batcher, held: lis
     return hits / max(total, 1)
 
 
-def distill(o: DistillOptions) -> dict:
+def distill(o: DistillOptions, published: Callable[[dict], None] | None = None) -> dict:
+    """Label the data, train the draft, and write it to ``o.out`` at every checkpoint (every ``o.eval_every`` steps)
+    and at the end, with its report; ``published(report)`` after each such write (the command writes the card).
+    Rerunning with the same data and training options resumes from the work folder's checkpoint, whatever the budget
+    (``minutes``, ``max_steps``: a longer one trains on, its learning rate following the new budget)."""
     torch.manual_seed(o.seed)
     rng = random.Random(o.seed)
     target = load_target(o.target, o.device)
@@ -265,7 +281,7 @@ def distill(o: DistillOptions) -> dict:
     ckpt = workdir(o) / "checkpoint.pt"
     if ckpt.exists():
         saved = torch.load(ckpt, weights_only=False)
-        if saved["options"] == _jsonable(o):
+        if same_training(saved["options"], _jsonable(o)):
             dec.layers.load_state_dict(saved["layers"])
             dec.layer_norm.load_state_dict(saved["layer_norm"])
             head.data.copy_(saved["head"])
@@ -277,12 +293,33 @@ def distill(o: DistillOptions) -> dict:
     _log(f"{len(train)} training / {len(held)} held-aside examples (labelling {label_seconds:.0f} s); "
          f"head {len(head_ids) if head_ids else target.vocab.size} tokens, held-aside label coverage {coverage:.1%}")
 
-    def save() -> None:
+    def save(acceptance: float) -> dict:
+        """The checkpoint, then the draft as it stands and its report (returned)."""
         tmp = ckpt.with_suffix(".tmp")
         torch.save({"options": _jsonable(o), "layers": dec.layers.state_dict(),
                     "layer_norm": dec.layer_norm.state_dict(), "head": head.detach(), "optimizer": opt.state_dict(),
                     "state": asdict(state), "rng": rng.getstate()}, tmp)
         tmp.replace(ckpt)
+        report = {
+            "target": o.target, "layers_from": layers, "decoder_layers": len(layers),
+            "earlier_runs": earlier_runs(o.init), "head_tokens": len(head_ids) if head_ids else target.vocab.size,
+            "held_aside_label_coverage": round(float(coverage), 4),
+            "examples": {"train": len(train), "held_aside": len(held),
+                         **{source: sum(e.source == source for e in examples)
+                            for source in ("real", "aug", "tts", "session")}},
+            "audio_hours": hours,
+            "steps": state.step, "train_seconds": round(state.seconds, 1), "label_seconds": round(label_seconds, 1),
+            "held_aside_acceptance": round(acceptance, 4), "history": state.history,
+            "options": _jsonable(o),
+        }
+        training = {k: report[k] for k in ("steps", "train_seconds", "held_aside_acceptance", "layers_from",
+                                           "earlier_runs")}
+        save_distilled(o.out, dec, head.detach(), head_ids,
+                       {"target": o.target, "vocab_size": target.vocab.size, "training": training})
+        if published is not None:
+            published(report)
+        write_atomic(o.out / "report.json", json.dumps(report, indent=1))  # last: the draft is at least this far
+        return report
 
     budget = o.minutes * 60
     total_steps = o.max_steps or None
@@ -321,7 +358,7 @@ def distill(o: DistillOptions) -> dict:
             model.train()
             state.history.append({"step": state.step, "seconds": round(state.seconds, 1), "loss": round(loss.item(), 4),
                                   "acceptance": round(acceptance, 4)})
-            save()
+            save(acceptance)
         bar.set_postfix(loss=f"{loss.item():.3f}", kl=f"{kl.item():.3f}", ce=f"{ce.item():.3f}",
                         held_acc=f"{acceptance:.3f}" if acceptance is not None else "-")
         bar.update(1 if total_steps else elapsed)
@@ -330,21 +367,4 @@ def distill(o: DistillOptions) -> dict:
     acceptance = held_aside_acceptance(model, head, batcher, held)
     if not state.history or state.history[-1]["step"] != state.step:
         state.history.append({"step": state.step, "seconds": round(state.seconds, 1), "acceptance": round(acceptance, 4)})
-    save()
-    report = {
-        "target": o.target, "layers_from": layers, "decoder_layers": len(layers), "earlier_runs": earlier_runs(o.init),
-        "head_tokens": len(head_ids) if head_ids else target.vocab.size,
-        "held_aside_label_coverage": round(float(coverage), 4),
-        "examples": {"train": len(train), "held_aside": len(held),
-                     **{source: sum(e.source == source for e in examples) for source in ("real", "aug", "tts", "session")}},
-        "audio_hours": hours,
-        "steps": state.step, "train_seconds": round(state.seconds, 1), "label_seconds": round(label_seconds, 1),
-        "held_aside_acceptance": round(acceptance, 4), "history": state.history,
-        "options": _jsonable(o),
-    }
-    save_distilled(o.out, dec, head.detach(), head_ids, {"target": o.target, "vocab_size": target.vocab.size,
-                                                          "training": {k: report[k] for k in ("steps", "train_seconds",
-                                                                       "held_aside_acceptance", "layers_from",
-                                                                       "earlier_runs")}})
-    (o.out / "report.json").write_text(json.dumps(report, indent=1))
-    return report
+    return save(acceptance)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -289,9 +290,13 @@ def save_distilled(path: Path, decoder: nn.Module, head: torch.Tensor, head_ids:
     tensors = {f"layers.{k}": v for k, v in decoder.layers.state_dict().items()}
     tensors |= {f"layer_norm.{k}": v for k, v in decoder.layer_norm.state_dict().items()}
     tensors["head.weight"] = head
-    save_file({k: v.detach().to(torch.float16).contiguous() for k, v in tensors.items()}, str(path / "draft.safetensors"))
-    doc = {"format": "asr_spec-draft/1", "decoder_layers": len(decoder.layers), "head_ids": head_ids, **meta}
-    (path / DRAFT_META).write_text(json.dumps(doc, indent=1))
+    # each file replaced whole (a draft is rewritten at every checkpoint while it trains, and may be read meanwhile)
+    weights, doc = path / f".draft.{os.getpid()}.part", path / f".{DRAFT_META}.{os.getpid()}.part"
+    save_file({k: v.detach().to(torch.float16).contiguous() for k, v in tensors.items()}, str(weights))
+    doc.write_text(json.dumps({"format": "asr_spec-draft/1", "decoder_layers": len(decoder.layers),
+                               "head_ids": head_ids, **meta}, indent=1))
+    weights.replace(path / "draft.safetensors")
+    doc.replace(path / DRAFT_META)
 
 
 def distilled_decoder(target: Whisper, layers: int) -> Network:
