@@ -29,7 +29,8 @@ class DistillSettings:
     session_seconds: float = option(120.0, "also join consecutive real clips into recordings this long and label "
                                     "them window by window as transcribe decodes them (previous text as prompt); 0: off")
     init: str | None = option(None, "continue training this draft (its layers, output layer and shortlist)")
-    minutes: float = option(20.0, "training time budget (rerun with a larger one to train on from the checkpoint)")
+    minutes: float = option(20.0, "training time budget (a rerun resumes the checkpoint with any budget; a raised one "
+                                 "restarts the learning rate's decay, so give a long run its whole budget at once)")
     steps: int = option(0, "train this many steps instead of a time budget")
     checkpoint_every: int = option(50, "steps between checkpoints, each measuring the held-aside acceptance and "
                                    "writing the draft to OUT")

@@ -64,7 +64,6 @@ class State:
     history: list[dict] = field(default_factory=list)
 
 
-
 RUN_FIELDS = ("steps", "train_seconds", "held_aside_acceptance")
 
 
@@ -87,6 +86,7 @@ def earlier_runs(init: Path | None) -> list[dict]:
     training = json.loads((init / DRAFT_META).read_text()).get("training", {})
     own = {k: training[k] for k in RUN_FIELDS if k in training} | {"draft": str(init)}
     return [*training.get("earlier_runs", []), own]
+
 
 def workdir(o: DistillOptions) -> Path:
     return o.work or o.out / "work"
