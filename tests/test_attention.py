@@ -40,6 +40,30 @@ def test_each_row_of_blocked_attention_depends_on_its_own_inputs_only():
         assert torch.equal(both[i:i + 1], blocked_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_whose_exponentials_overflow_or_vanish_are_computed_with_the_softmax(dtype):
+    q, k, v = _qkv(dtype=dtype)
+    q[0, 1, 5] *= 400  # scores far beyond exp's range: the exponentials overflow
+    k[1, 2, :, 0] += 10  # every key of a head shares a component, and a query opposes it: every score far below
+    q[1, 2, 7] = 0       # exp's range, the exponentials vanish
+    q[1, 2, 7, 0] = -50
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=1.0)
+    got = blocked_attention(q, k, v)
+    assert torch.isfinite(got).all()
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=0.05, atol=0.03)
+    torch.testing.assert_close(got.float(), ref, **tol)
+    with torch.no_grad():  # the fast way alone would have failed on those rows
+        assert not torch.isfinite(torch.matmul(q[0, 1, 5], k[0, 1].T).float().exp()).all()
+        assert torch.matmul(q[1, 2, 7], k[1, 2].T).float().exp().sum() == 0
+    for i in range(2):  # the other rows' bits are their own
+        assert torch.equal(got[i:i + 1], blocked_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1]))
+    calm = q.clone()
+    calm[0, 1, 5], calm[1, 2, 7] = q[0, 1, 4], q[1, 2, 6]
+    same = torch.ones_like(got, dtype=torch.bool)
+    same[0, 1, 5] = same[1, 2, 7] = False
+    assert torch.equal(got[same], blocked_attention(calm, k, v)[same])
+
+
 def test_attend_takes_blocks_for_bfloat16_on_a_cpu_without_amx(monkeypatch):
     q, k, v = _qkv(dtype=torch.bfloat16)
     fused = F.scaled_dot_product_attention(q, k, v, scale=1.0)
