@@ -78,6 +78,28 @@ def test_attend_takes_blocks_for_bfloat16_on_a_cpu_without_amx(monkeypatch):
     assert torch.equal(attend(q, k, v), fused)
 
 
+def test_an_exact_decoder_attends_in_blocks_only_where_the_cpu_keeps_rows_apart(monkeypatch):
+    q, k, v = _qkv(dtype=torch.bfloat16)
+    monkeypatch.setattr(network, "_FUSED_BFLOAT16", False)
+    fused = F.scaled_dot_product_attention(q, k, v, scale=1.0)
+    assert torch.equal(attend(q, k, v, exact=True), blocked_attention(q, k, v) if network.rows_apart(
+        torch.get_num_threads()) else fused)
+    monkeypatch.setattr(network, "rows_apart", lambda threads: False)
+    assert torch.equal(attend(q, k, v, exact=True), fused)
+    assert torch.equal(attend(q, k, v), blocked_attention(q, k, v))  # a draft's or an encoder's call: blocks
+
+
+def test_blocks_take_a_decoder_s_batched_masks():
+    q, k, v = _qkv(queries=6, keys=40)
+    mask = torch.arange(40)[None, None, None, :] <= torch.tensor([[30, 31, 32, 33, 34, 35], [9, 10, 11, 12, 13, 14]])[:, None, :, None]
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+    torch.testing.assert_close(blocked_attention(q, k, v, mask), want, rtol=1e-5, atol=1e-5)
+    cross = torch.zeros(2, 1, 1, 40, dtype=torch.bool)
+    cross[0, ..., :25], cross[1, ..., :40] = True, True  # ragged memories: each row its own length
+    torch.testing.assert_close(blocked_attention(q, k, v, cross),
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=cross, scale=1.0), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_the_streaming_encoder_with_nothing_frozen_is_the_bfloat16_encoder(tiny_target, monkeypatch, fused):
     monkeypatch.setattr(network, "_FUSED_BFLOAT16", fused)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 from bisect import bisect_left
-from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, NamedTuple, Sequence
@@ -16,10 +15,9 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import sdpa_kernel
 
+from . import network
 from .linear import INT8_MODES, Dense, Linear, Plain
-from .network import CUDA_ATTENTION
 
 
 class Columns:
@@ -301,8 +299,7 @@ class CachedDecoder:
             # an exact decoder's queries always contiguous: the kernel's products take another path for a strided view
             # (float32 on the CPU: other bits); a draft's as they come (a copy less: a kernel less on CUDA)
             q = F.pad(q, (0, 0, 0, pad)) if pad else q.contiguous() if self.exact else q
-            with sdpa_kernel(CUDA_ATTENTION) if q.is_cuda else nullcontext():
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=1.0)[:, :, :t]
+            return network.attend(q, k, v, m, exact=self.exact)[:, :, :t]
 
         def cross(q: torch.Tensor, i: int, heads: list[int] | None) -> torch.Tensor:
             """Cross-attention of layer i (with ``heads``, their scores before the softmax into ``cross_scores``). Each

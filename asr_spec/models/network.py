@@ -10,6 +10,7 @@ decoder's inference runs in :class:`~asr_spec.models.kv_decoder.CachedDecoder`, 
 """
 from __future__ import annotations
 
+import functools
 import json
 from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
@@ -24,7 +25,7 @@ from .compute import amx
 
 WEIGHTS = "model.safetensors"
 Device = str | torch.device | None
-BLOCK = 128  # queries per block of :func:`blocked_attention`'s products
+BLOCK = 256  # queries per block of :func:`blocked_attention`'s products
 _FUSED_BFLOAT16 = amx()  # PyTorch's fused CPU attention computes bfloat16 in bfloat16 products only with AMX
 # The attention kernels every model here may use on CUDA. Left to choose, torch picks cuDNN's attention for float16,
 # and cuDNN plans anew for every new shape: 2-3 ms a call with a stream's changing lengths (H100, the decoder: 70 % of
@@ -34,15 +35,33 @@ CUDA_ATTENTION = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-           causal: bool = False) -> torch.Tensor:
-    """Attention of scaled queries ``q`` [B, H, T, d] over keys and values [B, H, S, d]; ``mask`` [T, S]: True where a
-    query may attend; ``causal``: each query to the keys up to its own position. PyTorch's fused kernel, except
-    bfloat16 on a CPU without AMX (:func:`blocked_attention`), where the fused kernel computes in float32 products;
-    on CUDA one of :data:`CUDA_ATTENTION`."""
-    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and not causal and not _FUSED_BFLOAT16:
+           causal: bool = False, exact: bool = False) -> torch.Tensor:
+    """Attention of scaled queries ``q`` [B, H, T, d] over keys and values [B, H, S, d]; ``mask`` [T, S] or
+    [B, 1, T, S] (or [B, 1, 1, S]): True where a query may attend; ``causal``: each query to the keys up to its own
+    position. PyTorch's fused kernel, except bfloat16 on a CPU without AMX (:func:`blocked_attention`), where the
+    fused kernel computes in float32 products; on CUDA one of :data:`CUDA_ATTENTION`. ``exact`` (an exact decoder's
+    call): a query's bits must not depend on the other queries of the call, so the blocks are taken only where this
+    CPU's products were found to keep rows apart (:func:`rows_apart`)."""
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and not causal and not _FUSED_BFLOAT16 \
+            and (not exact or rows_apart(torch.get_num_threads())):
         return blocked_attention(q, k, v, mask)
     with sdpa_kernel(CUDA_ATTENTION) if q.is_cuda else nullcontext():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, is_causal=causal and q.shape[2] > 1)
+
+
+@functools.cache
+def rows_apart(threads: int) -> bool:
+    """Whether :func:`blocked_attention` in bfloat16 gives a query the same bits alone and beside other queries and
+    batch rows (1-33 queries, 1-8 rows, 4 and 1500 keys) with this many threads: the CPU's products decide, so it is
+    tried once per process (on an AVX512-BF16 EPYC: yes)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(8, 8, n, 64, generator=g).bfloat16() for n in (33, 1500, 1500))
+    for s in (4, 1500):
+        one = blocked_attention(q[:1, :, :1], k[:1, :, :s], v[:1, :, :s])
+        if not all(torch.equal(blocked_attention(q[:b, :, :m], k[:b, :, :s], v[:b, :, :s])[:1, :, :1], one)
+                   for b in (1, 8) for m in (4, 5, 33)):
+            return False
+    return True
 
 
 def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
@@ -55,12 +74,12 @@ def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     whisper-base encoder layer's attention takes 9.5 ms against 12 with PyTorch's softmax and 25 with the fused
     kernel (eval/results/encoder-profile); its output is within bfloat16's rounding of float32's. Each row's
     result depends on its own inputs only, as the fused kernel's."""
-    kt = k.transpose(-1, -2).contiguous()
+    kt = k.transpose(-1, -2)
     out = torch.empty_like(q)
     for i in range(0, q.shape[2], block):
         p = torch.matmul(q[:, :, i:i + block], kt)
         if mask is not None:
-            p.masked_fill_(~mask[i:i + block], float("-inf"))
+            p.masked_fill_(~mask[..., i:i + block, :], float("-inf"))
         p.exp_()
         total = p.sum(-1, keepdim=True)
         o = torch.div(torch.matmul(p, v), total, out=out[:, :, i:i + block])
@@ -81,7 +100,7 @@ def _softmax_block(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, mask: tor
     """One block's attention with PyTorch's softmax (its maximum subtracted): rows whose exponentials overflow."""
     scores = torch.matmul(q, kt)
     if mask is not None:
-        scores.masked_fill_(~mask[i:i + q.shape[2]], float("-inf"))
+        scores.masked_fill_(~mask[..., i:i + q.shape[2], :], float("-inf"))
     return torch.matmul(scores.softmax(-1), v)
 
 
