@@ -32,6 +32,7 @@ from torch import nn
 
 CUDA_ROWS = 256  # a GPU's decode step is bound by its weights and its launches, not by its rows
 PROBE_ROWS = (2, 3, 4, 5, 8, 9, 16, 17, 33, 100, 300, 2000)  # row counts a way is tried at (the output layer: to 100)
+WIDE_CALL = 64  # rows from which an int8 layer's bookkeeping is written for size, below it for few operations
 HEAD_ROWS = 100  # the output layer scores at most a pass's positions of a batch; wider layers see whole prompts
 WIDE_ROWS = (2, 17, 256, 300, 1500, 3000)  # a wide layer's row counts (cross-attention keys of encoder outputs)
 
@@ -212,16 +213,20 @@ class Int8:
             y = torch.ops.quantized.linear_dynamic(rows, self.packed, True)
         else:
             peak = rows.abs().amax(1, keepdim=True).clamp_(min=1e-30)
-            if self.cpu:  # the scaled rows and the pin written into one buffer: no concatenation (8 % of an encoder)
-                scaled = torch.empty(m + 1, self.in_features, device=x.device)
+            if self.cpu and m >= WIDE_CALL:  # an encoder's rows: scaled into one buffer with the pin, no
+                scaled = torch.empty(m + 1, self.in_features, device=x.device)  # concatenation (8 % of an encoder)
                 torch.div(rows, peak, out=scaled[:m])
                 scaled[m:] = self.pin
                 y = torch.ops.quantized.linear_dynamic(scaled, self.packed, True)[:m].mul_(peak)
+            elif self.cpu:  # a decoder's few rows: fewer operations (the same bits)
+                y = torch.ops.quantized.linear_dynamic(torch.cat([rows / peak, self.pin]), self.packed, True)[:-1] * peak
             else:
                 q = F.pad(torch.round(rows * (127 / peak)), (0, 0, 0, max(0, 17 - m))).to(torch.int8)
                 y = torch._int_mm(q, self.weight_t)[:m, :self.out_features].float() * (peak / 127) * self.scales
-            if self.bias is not None:  # summed in float32, rounded once into the caller's type
+            if self.bias is not None and m >= WIDE_CALL:  # summed in float32, rounded once into the caller's type
                 y = torch.add(y, self.bias, out=torch.empty(y.shape, dtype=x.dtype, device=x.device))
+            elif self.bias is not None:
+                y += self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
