@@ -262,7 +262,8 @@ def test_int8_speculation_equals_int8_target_on_dev_speech_batch_8_and_1(dev_man
 def test_auto_measures_each_native_type_once_and_keeps_the_fastest(tiny_dir, tmp_path, monkeypatch, capsys):
     """auto on first use times every type the CPU computes natively (the tiny model: an encoder window and passes of
     K draft steps and a verify), says what it chose and why, keeps it in the cache directory, and from then on reads
-    it back without measuring; a measurement that names another type is what the next load uses."""
+    it back without measuring; a measurement that names another type is what the next load uses, and one kept by
+    another revision of the code is taken again."""
     import json
 
     from asr_spec.models import auto
@@ -282,6 +283,9 @@ def test_auto_measures_each_native_type_once_and_keeps_the_fastest(tiny_dir, tmp
     path.write_text(json.dumps(kept | {"chosen": other}))
     target = load_target(str(tiny_dir), compute_type="auto")
     assert target.precision.name == other and target.name.endswith(f"({other}, auto)")
+    path.write_text(json.dumps(kept | {"revision": auto.REVISION - 1}))  # kept by code whose costs were others
+    with pytest.raises(pytest.fail.Exception, match="measured again"):
+        options.precision()
 
 
 def test_auto_skips_a_type_whose_kernels_refuse_to_run_and_says_so(tmp_path, capsys):

@@ -3,7 +3,8 @@
 On first use for a (model, machine, thread count), every type the device computes natively is loaded and timed on
 what a window costs: the encoder on one 30 s window and ``PASSES`` speculative passes (``K`` draft steps and a verify
 pass of K + 1 tokens: an average dev-set utterance's decode). The fastest is kept in the cache directory
-(``auto/*.json``, with every type's seconds) and used from then on; delete the file to measure again. Measuring takes
+(``auto/*.json``, with every type's seconds) and used from then on; delete the file to measure again (a new release
+whose costs changed, :data:`REVISION`, measures again by itself). Measuring takes
 seconds (each type's load dominates). CPU flags alone chose badly: int8 on a CPU with AVX512-BF16 meant int8_bfloat16,
 slower there than int8_float32 (issue 39).
 """
@@ -24,6 +25,9 @@ import torch
 from .compute import amx, int8_kernels, native_bfloat16
 from .kv_decoder import CachedDecoder
 
+# the code whose costs a kept measurement reflects: one of another revision is measured again (2: bfloat16 attention
+# taken apart in encoders and decoders, 2026-11-28, which made bfloat16 faster than int8_bfloat16 on an AVX512-BF16 EPYC)
+REVISION = 2
 PASSES = 12  # speculative passes per window: a dev utterance's 26 tokens at ~2.2 per pass
 K = 3  # draft steps per pass (the default draft length)
 
@@ -78,10 +82,7 @@ def kept_path(cache: Path, kind: str, key: str) -> Path:
 
 def kept_type(key: str, candidates: list[str], cache: Path) -> str | None:
     """The type measured fastest for ``key`` among the same ``candidates``, if it was measured (else None)."""
-    try:
-        doc = json.loads(kept_path(cache, "auto", key).read_text())
-    except (OSError, ValueError):
-        return None  # not measured, or unreadable: measured again
+    doc = read_kept(kept_path(cache, "auto", key))
     return doc["chosen"] if doc.get("candidates") == candidates and doc.get("chosen") in candidates else None
 
 
@@ -98,10 +99,20 @@ def guessed_type(device: str | torch.device = "cpu") -> str:
 
 
 def write_kept(path: Path, doc: dict) -> None:
+    """Keep a measurement (``doc``, with this code's :data:`REVISION`) at ``path``, replaced whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.write_text(json.dumps({**doc, "revision": REVISION}, indent=1))
     tmp.replace(path)
+
+
+def read_kept(path: Path) -> dict:
+    """A kept measurement; empty if there is none, it is unreadable, or another revision of the code took it."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) and doc.get("revision") == REVISION else {}
 
 
 def measured_type(key: str, candidates: list[str], measure: Callable[[str], float], cache: Path) -> str:
@@ -162,7 +173,7 @@ def guessed_widths(device: str | torch.device = "cpu") -> DraftWidths:
 
 def kept_widths(key: str, cache: Path) -> DraftWidths | None:
     try:
-        doc = json.loads(kept_path(cache, "draft-widths", key).read_text())
+        doc = read_kept(kept_path(cache, "draft-widths", key))
         return DraftWidths({int(w): bool(p) for w, p in doc["pays"].items()})
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
