@@ -68,7 +68,7 @@ def peak_gflops(precision, rounds: int) -> float:
 
 
 def attention_ways(dtype: torch.dtype, batch: int, heads: int, positions: int, dim: int, rounds: int,
-                   block: int = 128) -> dict[str, float]:
+                   block: int = network.BLOCK) -> dict[str, float]:
     """Milliseconds of one layer's self-attention: the fused kernel, and two products per block of queries."""
     q, k, v = (torch.randn(batch, heads, positions, dim).to(dtype) for _ in range(3))
     fused = lambda: F.scaled_dot_product_attention(q, k, v, scale=1.0)  # noqa: E731
