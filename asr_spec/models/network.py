@@ -70,10 +70,11 @@ def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     exponentials (no maximum subtracted: a scaled Whisper score is far inside float's range), their product with
     the values and their sum, then one division per output (the scores, the exponentials and the sums rounded to
     the type; a block's numbers stay in cache). A row whose exponentials' sum is out of range (an overflow, or all
-    of them vanishing) is computed again the usual way (:func:`_softmax_block`). With bfloat16 on an AVX512-BF16 CPU (AMD EPYC, 2 threads) a
-    whisper-base encoder layer's attention takes 8.1-8.5 ms against 24-25 with the fused kernel (11.8 with PyTorch's
-    softmax in these blocks; eval/results/bfloat16-attention); its output is within bfloat16's rounding of float32's. Each row's
-    result depends on its own inputs only, as the fused kernel's."""
+    of them vanishing) is computed again the usual way (:func:`_softmax_block`). With bfloat16 on an AVX512-BF16
+    CPU (AMD EPYC, 2 threads) a whisper-base encoder layer's attention takes 8.1-8.5 ms against 24-25 with the
+    fused kernel (11.8 with PyTorch's softmax in these blocks; eval/results/bfloat16-attention); its output is
+    within bfloat16's rounding of float32's. Each row's result depends on its own inputs only, as the fused
+    kernel's."""
     kt = k.transpose(-1, -2)
     if q.shape[2] <= block:  # a decoder's call: one block
         return _block(q, kt, v, mask)
@@ -97,9 +98,9 @@ def _block(q: torch.Tensor, kt: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     p.exp_()
     total = p.sum(-1, keepdim=True)
     o = torch.div(torch.matmul(p, v), total, out=out)
-    if total.log_().abs_().amax().item() > _LOG_SUMS:  # rare: those rows the usual way
-        bad = total.abs() > _LOG_SUMS
-        o.copy_(torch.where(bad, _softmax_block(q, kt, v, mask), o))
+    spread = total.log_().abs_()  # each row's |log sum|, in the sums' place (no longer needed)
+    if spread.amax().item() > _LOG_SUMS:  # rare: those rows the usual way
+        o.copy_(torch.where(spread > _LOG_SUMS, _softmax_block(q, kt, v, mask), o))
     return o
 
 
