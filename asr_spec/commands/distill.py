@@ -35,6 +35,7 @@ class DistillSettings:
     checkpoint_every: int = option(50, "steps between checkpoints, each measuring the held-aside acceptance and "
                                    "writing the draft to OUT")
     batch: int = option(16)
+    label_batch: int = option(8, "clips the target labels at once (a GPU takes 32 or more)")
     lr: float = option(7e-4)
     seed: int = option(0)
     threads: int = option(0)
@@ -57,6 +58,7 @@ class DistillSettings:
                               head_size=self.head_size, tts_clips=self.tts_clips, real_clips=self.real_clips,
                               tts_engines=tuple(e for e in self.tts_engines.split(",") if e), minutes=self.minutes,
                               max_steps=self.steps, batch=self.batch, lr=self.lr, seed=self.seed,
+                              label_batch=self.label_batch,
                               session_s=self.session_seconds, init=Path(self.init) if self.init else None,
                               compute_type=self.compute_type, device=self.torch_device, augment=self.augment,
                               on_policy=self.on_policy, policy_steps=self.policy_steps,

@@ -99,7 +99,9 @@ def _log(msg: str) -> None:
 def build_data(o: DistillOptions, target: Whisper) -> tuple[list[Example], dict[str, float]]:
     """Label every clip once; shards in out/cache make a rerun resume where it stopped. Returns the examples and the
     hours of audio behind them by kind (``session``: the real clips again, joined into recordings)."""
-    cache = workdir(o) / ("cache" if o.compute_type == "float32" else f"cache-{o.compute_type}")
+    # shards are numbered by label batch: another type or batch size labels into its own folder
+    cache = workdir(o) / "-".join(["cache"] + [o.compute_type] * (o.compute_type != "float32") +
+                                  [f"b{o.label_batch}"] * (o.label_batch != 8))
     cache.mkdir(parents=True, exist_ok=True)
     sources: list[tuple[str, list[Path]]] = [("real", audio_files(list(o.audio)))]
     if o.text and o.tts_clips:
@@ -246,6 +248,8 @@ def distill(o: DistillOptions, published: Callable[[dict], None] | None = None) 
     examples, hours = build_data(o, target if o.compute_type == "float32" else
                                  load_target(o.target, o.device, compute_type=o.compute_type))
     label_seconds = time.perf_counter() - t0
+    for e in examples:  # every encoder output on the training device once (a GPU holds them), not at every batch
+        e.memory = e.memory.to(o.device)
     held = [e for e in examples if e.held_aside] or examples[-1:]  # small runs: hold at least one aside
     train = [e for e in examples if e not in held]
     if not train or not held:

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Issue 49 on a lent GPU: the target labels the training audio and the draft trains there, in one call of BUDGET_S
+# seconds (docs/development.md, "On a lent GPU"). First the labels (`asr_spec distill` with a few seconds of training
+# fills its work folder's cache), then the rest of the budget trains the same run on: it resumes the checkpoint with the
+# minutes left as its whole budget, so the learning rate decays to their end. The draft comes back in $OUT in 15 MB
+# parts (`cat draft.safetensors.part_* > draft.safetensors`) with its metadata, report, card and the log.
+#
+#   GPU_DATA=/tmp/gpu OUT=/tmp/out BUDGET_S=480 bash eval/gpu_distill.sh             # on the GPU machine
+#   DEVICE=cpu QUICK=1 GPU_DATA=.gpu-quick OUT=DIR bash eval/gpu_distill.sh        # here: a dry run of every command
+#
+# $GPU_DATA: what `TRAIN=1 bash eval/gpu_data.sh` makes (the model's parts, whl/, train/audio.tar, train/text/*.gz).
+# DISTILL_ARGS replaces the training options (default: a fresh draft with 16,384 text tokens, one augmented copy of
+# every clip, batches of 64, the target labelling 32 clips at a time).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+START=$(date +%s)
+DEVICE=${DEVICE:-cuda}
+BUDGET_S=${BUDGET_S:-480}
+MARGIN_S=${MARGIN_S:-60}  # after training: the last held-aside measure, the draft written, the parts cut
+DATA=$(cd "${GPU_DATA:-/tmp/gpu}" && pwd)
+OUT=${OUT:?set OUT}
+REPO=$PWD
+WORK=$(mktemp -d)
+source eval/gpu_setup.sh
+export PYTHONUNBUFFERED=1 TQDM_MININTERVAL=15
+PY=python3
+[ "$DEVICE" = cpu ] && PY=python
+mkdir -p "$WORK/text" && tar xf "$DATA/train/audio.tar" -C "$WORK" || exit 6
+for f in "$DATA"/train/text/*.gz; do gunzip -c "$f" > "$WORK/text/$(basename "$f" .gz)"; done
+OPTIONS=${DISTILL_ARGS:-"--head-size 16384 --augment 1 --batch 64 --label-batch 32 --checkpoint-every 200"}
+# shellcheck disable=SC2206  # the options are words
+ARGS=(--target whisper-base --audio "$WORK/audio" --text "$WORK"/text/*.txt --tts-clips 0 --device "$DEVICE"
+      --work "$WORK/work" $OPTIONS)
+step "$BUDGET_S" $PY -m asr_spec distill "${ARGS[@]}" --minutes 0.05 --out "$WORK/labelled" >> "$OUT/distill.log" 2>&1
+LEFT=$((START + BUDGET_S - $(date +%s) - MARGIN_S))
+log "labelled; $LEFT s left to train"
+DRAFT=$WORK/labelled
+if [ "$LEFT" -gt 20 ]; then
+  step $((LEFT + MARGIN_S)) $PY -m asr_spec distill "${ARGS[@]}" --minutes "$(awk "BEGIN { print $LEFT / 60 }")" \
+    --out "$WORK/draft" >> "$OUT/distill.log" 2>&1
+  [ -f "$WORK/draft/draft.safetensors" ] && DRAFT=$WORK/draft
+fi
+cp "$DRAFT"/asr_spec_draft.json "$DRAFT"/report.json "$DRAFT"/README.md "$OUT"/
+split -b 15M -d "$DRAFT/draft.safetensors" "$OUT/draft.safetensors.part_"
+tail -c 2000 "$OUT/distill.log"
+log done
