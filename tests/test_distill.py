@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 from conftest import DEV, system_tool
+from safetensors.torch import load_file
 
 from asr_spec.audio import load_audio
 from asr_spec.features import log_mel, window
@@ -108,4 +109,25 @@ def test_distill_writes_a_draft_that_decodes_exactly_and_resumes(tmp_path, base_
     assert examples["session"] == report["examples"]["session"]
     assert json.loads((tuned / "asr_spec_draft.json").read_text())["head_ids"] == draft.decoder.head_ids.tolist()
     spec = Transcriber(base_model, load_draft(str(tuned), base_model)).decode(memories, [prompt], k=4)[0]
+    assert spec.tokens == ref.tokens
+
+    # a larger --head-size widens a continued draft's output layer: its trained rows kept, each new row the target's
+    # embedding of its token (the target's own output layer), and decoding stays exact
+    wide = tmp_path / "wide"
+    text_tokens = sum(t < base_model.vocab.eot for t in draft.decoder.head_ids.tolist())
+    r = distill(*[a if a != str(out) else str(wide) for a in common], "--minutes", "0", "--init", str(out),
+                "--head-size", str(text_tokens + 300))
+    assert r.returncode == 0, r.stderr[-3000:]
+    before = json.loads((out / "asr_spec_draft.json").read_text())["head_ids"]
+    after = json.loads((wide / "asr_spec_draft.json").read_text())["head_ids"]
+    assert set(before) < set(after) and len(after) == len(before) + 300
+    old_rows = load_file(str(out / "draft.safetensors"))["head.weight"]
+    new_rows = load_file(str(wide / "draft.safetensors"))["head.weight"]
+    where = {t: i for i, t in enumerate(after)}
+    assert torch.equal(new_rows[[where[t] for t in before]], old_rows)
+    added = sorted(set(after) - set(before))
+    emb = base_model.net.model.decoder.embed_tokens.weight.detach()
+    assert torch.equal(new_rows[[where[t] for t in added]], emb[added].half())
+    assert "widened from the initial draft's" in (wide / "README.md").read_text()
+    spec = Transcriber(base_model, load_draft(str(wide), base_model)).decode(memories, [prompt], k=4)[0]
     assert spec.tokens == ref.tokens

@@ -14,7 +14,7 @@ def write_card(out: Path, report: dict, command: str) -> None:
 
 A draft decoder for exact speculative decoding with asr_spec: {report['decoder_layers']} decoder layers initialised
 {f"from the draft {report['options']['init']} (itself started " if report['options'].get('init') else ""}from the target's layers {report['layers_from']}{")" if report['options'].get('init') else ""}, reading the target's encoder output (shared encoder) and its
-token/position embeddings, with a {report['head_tokens']}-token output layer. The target verifies every drafted
+token/position embeddings, with a {report['head_tokens']}-token output layer{_widened(report)}. The target verifies every drafted
 token, so transcripts are the target's own whatever the draft proposes.
 
 - Trained with: `{command}`
@@ -40,6 +40,13 @@ token, so transcripts are the target's own whatever the draft proposes.
 {history}
 {_lineage(report)}"""
     write_atomic(out / "README.md", card)
+
+
+def _widened(report: dict) -> str:
+    before = report.get("init_head_tokens")
+    if not before or before == report["head_tokens"]:
+        return ""
+    return f" (widened from the initial draft's {before}: each new row started as the target's embedding of its token)"
 
 
 def _hours(hours: dict[str, float]) -> str:

@@ -152,13 +152,9 @@ def build_data(o: DistillOptions, target: Whisper) -> tuple[list[Example], dict[
     return examples, {k: round(v, 3) for k, v in hours.items()}
 
 
-def choose_shortlist(o: DistillOptions, target: Whisper, train: list[Example]) -> list[int] | None:
-    """head_size text tokens: first those of the target's own labels (most frequent first: what it says on real
-    speech), then the most frequent tokens of the text corpus; plus end-of-text and every timestamp token. Tokens
-    outside it are sure misses for the draft; the target still verifies."""
-    if not o.head_size:
-        return None
-    v = target.vocab
+def ranked_text_tokens(o: DistillOptions, target: Whisper, train: list[Example]) -> list[int]:
+    """Text tokens by how much a draft needs them: first those of the target's own labels (most frequent first: what
+    it says on real speech), then the most frequent tokens of the text corpus."""
     said: Counter[int] = Counter(t for ex in train for t in ex.labels)
     corpus: Counter[int] = Counter()
     for f in o.text:
@@ -166,8 +162,33 @@ def choose_shortlist(o: DistillOptions, target: Whisper, train: list[Example]) -
             if line.strip():
                 corpus.update(target.tokenizer.encode(" " + line.strip()))
     ranked = [t for t, _ in said.most_common()] + [t for t, _ in corpus.most_common() if t not in said]
-    text = [t for t in ranked if t < v.eot][: o.head_size]
+    return [t for t in ranked if t < target.vocab.eot]
+
+
+def choose_shortlist(o: DistillOptions, target: Whisper, train: list[Example]) -> list[int] | None:
+    """head_size text tokens ranked by :func:`ranked_text_tokens`, plus end-of-text and every timestamp token. Tokens
+    outside it are sure misses for the draft; the target still verifies."""
+    if not o.head_size:
+        return None
+    v = target.vocab
+    text = ranked_text_tokens(o, target, train)[: o.head_size]
     return sorted(set(text) | {v.eot} | set(range(v.timestamp_begin, v.size)))
+
+
+def widened(o: DistillOptions, target: Whisper, train: list[Example], head_ids: list[int],
+            head: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """A draft's shortlist and output layer widened to ``o.head_size`` text tokens (unchanged when it has as many):
+    the tokens it lacks taken in :func:`ranked_text_tokens`' order, each new row the target's own embedding of the
+    token (the target's output layer, as a fresh draft's starts); the trained rows kept."""
+    have = set(head_ids)
+    text = sum(t < target.vocab.eot for t in head_ids)
+    new = [t for t in ranked_text_tokens(o, target, train) if t not in have][: max(0, o.head_size - text)]
+    if not new:
+        return head_ids, head
+    ids = sorted(have | set(new))
+    rows = dict(zip(head_ids, head))
+    emb = target.net.model.decoder.embed_tokens.weight.detach()
+    return ids, torch.stack([rows[t] if t in rows else emb[t].to(head) for t in ids])
 
 
 def _jsonable(o: DistillOptions) -> dict:
@@ -264,7 +285,10 @@ def distill(o: DistillOptions, published: Callable[[dict], None] | None = None) 
         dec = model.model.decoder
         dec.layers.load_state_dict({k[len("layers."):]: v for k, v in saved.items() if k.startswith("layers.")})
         dec.layer_norm.load_state_dict({k[len("layer_norm."):]: v for k, v in saved.items() if k.startswith("layer_norm.")})
-        head = torch.nn.Parameter(saved["head.weight"].clone().to(target.decoder.device))
+        rows = saved["head.weight"].to(target.decoder.device)
+        if o.head_size and head_ids:  # a larger --head-size widens the draft's output layer
+            head_ids, rows = widened(o, target, train, head_ids, rows)
+        head = torch.nn.Parameter(rows.clone())
     else:  # distil-Whisper's recipe: layers copied from the target's, the output layer from its embeddings
         head_ids = choose_shortlist(o, target, train)
         layers = list(o.layers) or [0, n_layers - 1]
@@ -307,6 +331,7 @@ def distill(o: DistillOptions, published: Callable[[dict], None] | None = None) 
         report = {
             "target": o.target, "layers_from": layers, "decoder_layers": len(layers),
             "earlier_runs": earlier_runs(o.init), "head_tokens": len(head_ids) if head_ids else target.vocab.size,
+            "init_head_tokens": len(meta["head_ids"]) if o.init is not None and meta["head_ids"] else None,
             "held_aside_label_coverage": round(float(coverage), 4),
             "examples": {"train": len(train), "held_aside": len(held),
                          **{source: sum(e.source == source for e in examples)
