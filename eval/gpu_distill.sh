@@ -2,11 +2,14 @@
 # Issue 49 on a lent GPU: the target labels the training audio and the draft trains there, in one call of BUDGET_S
 # seconds (docs/development.md, "On a lent GPU"). First the labels (`asr_spec distill` with a few seconds of training
 # fills its work folder's cache), then the rest of the budget trains the same run on: it resumes the checkpoint with the
-# minutes left as its whole budget, so the learning rate decays to their end. The draft comes back in $OUT in 15 MB
-# parts (`cat draft.safetensors.part_* > draft.safetensors`) with its metadata, report, card and the log.
+# minutes left as its whole budget, so the learning rate decays to their end (less RELOAD_S: before training it
+# decodes the audio again and reads the labels back). The draft comes back in $OUT in 15 MB parts (`cat
+# draft.safetensors.part_* > draft.safetensors`) with its metadata, report and card, the labelling run's report
+# (label-report.json: its label_seconds is the labelling's time) and the log.
 #
-#   GPU_DATA=/tmp/gpu OUT=/tmp/out BUDGET_S=480 bash eval/gpu_distill.sh             # on the GPU machine
-#   DEVICE=cpu QUICK=1 GPU_DATA=.gpu-quick OUT=DIR bash eval/gpu_distill.sh        # here: a dry run of every command
+#   GPU_DATA=/tmp/gpu OUT=/tmp/out BUDGET_S=500 bash eval/gpu_distill.sh          # on the GPU machine
+#   DEVICE=cpu GPU_DATA=.gpu-quick OUT=DIR BUDGET_S=150 MARGIN_S=30 RELOAD_S=10 bash eval/gpu_distill.sh
+#                                # here: a dry run of the distill commands (gpu_setup.sh does nothing on a CPU)
 #
 # $GPU_DATA: what `TRAIN=1 bash eval/gpu_data.sh` makes (the model's parts, whl/, train/audio.tar, train/text/*.gz).
 # DISTILL_ARGS replaces the training options (default: a fresh draft with 16,384 text tokens, one augmented copy of
@@ -17,6 +20,7 @@ START=$(date +%s)
 DEVICE=${DEVICE:-cuda}
 BUDGET_S=${BUDGET_S:-480}
 MARGIN_S=${MARGIN_S:-60}  # after training: the last held-aside measure, the draft written, the parts cut
+RELOAD_S=${RELOAD_S:-150}  # the training run's start: 3.3 h of audio decoded and augmented again, ~9 GB of labels read
 DATA=$(cd "${GPU_DATA:-/tmp/gpu}" && pwd)
 OUT=${OUT:?set OUT}
 REPO=$PWD
@@ -31,15 +35,18 @@ OPTIONS=${DISTILL_ARGS:-"--head-size 16384 --augment 1 --batch 64 --label-batch 
 # shellcheck disable=SC2206  # the options are words
 ARGS=(--target whisper-base --audio "$WORK/audio" --text "$WORK"/text/*.txt --tts-clips 0 --device "$DEVICE"
       --work "$WORK/work" $OPTIONS)
-step "$BUDGET_S" $PY -m asr_spec distill "${ARGS[@]}" --minutes 0.05 --out "$WORK/labelled" >> "$OUT/distill.log" 2>&1
+step $((START + BUDGET_S - $(date +%s))) $PY -m asr_spec distill "${ARGS[@]}" --minutes 0.05 --out "$WORK/labelled" \
+  >> "$OUT/distill.log" 2>&1
+cp "$WORK/labelled/report.json" "$OUT/label-report.json" 2>/dev/null
 LEFT=$((START + BUDGET_S - $(date +%s) - MARGIN_S))
-log "labelled; $LEFT s left to train"
+log "labelled; $LEFT s left, $((LEFT - RELOAD_S)) of them to train"
 DRAFT=$WORK/labelled
-if [ "$LEFT" -gt 20 ]; then
-  step $((LEFT + MARGIN_S)) $PY -m asr_spec distill "${ARGS[@]}" --minutes "$(awk "BEGIN { print $LEFT / 60 }")" \
+if [ $((LEFT - RELOAD_S)) -gt 20 ]; then
+  step $((LEFT + MARGIN_S)) $PY -m asr_spec distill "${ARGS[@]}" --minutes "$(awk "BEGIN { print ($LEFT - $RELOAD_S) / 60 }")" \
     --out "$WORK/draft" >> "$OUT/distill.log" 2>&1
   [ -f "$WORK/draft/draft.safetensors" ] && DRAFT=$WORK/draft
 fi
+[ -f "$DRAFT/draft.safetensors" ] || { tail -c 3000 "$OUT/distill.log"; log "no draft"; exit 7; }
 cp "$DRAFT"/asr_spec_draft.json "$DRAFT"/report.json "$DRAFT"/README.md "$OUT"/
 split -b 15M -d "$DRAFT/draft.safetensors" "$OUT/draft.safetensors.part_"
 tail -c 2000 "$OUT/distill.log"

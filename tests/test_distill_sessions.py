@@ -29,7 +29,7 @@ def test_the_shortlist_holds_every_token_the_target_said_before_corpus_tokens(tm
     import torch
 
     from asr_spec.distill.data import Example
-    from asr_spec.distill.train import DistillOptions, choose_shortlist
+    from asr_spec.distill.shortlist import choose_shortlist
 
     v = tiny_target.vocab
     said = tiny_target.tokenizer.encode(" zygote quixotic")  # rare in the corpus below
@@ -37,8 +37,7 @@ def test_the_shortlist_holds_every_token_the_target_said_before_corpus_tokens(tm
     text = tmp_path / "text.txt"
     text.write_text("the cat sat on the mat\n" * 50 + "a dog ran far away\n" * 10)
     corpus = tiny_target.tokenizer.encode(" the cat sat on the mat")
-    o = DistillOptions(target="tiny", out=tmp_path, text=(text,), head_size=len(set(said)) + 3)
-    ids = set(choose_shortlist(o, tiny_target, [ex]))
+    ids = set(choose_shortlist(tiny_target, [ex], (text,), len(set(said)) + 3))
     assert set(said) <= ids  # everything the target said, although the corpus never says it
     assert len([t for t in ids if t < v.eot]) == len(set(said)) + 3  # then the corpus's most frequent
     assert len(set(corpus) & ids) == 3 and not set(tiny_target.tokenizer.encode(" dog ran far away")) & ids

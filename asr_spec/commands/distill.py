@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from ..arguments import option
+from ..distill import LABEL_BATCH
 from ..models.compute import COMPUTE_TYPES
 
 if TYPE_CHECKING:
@@ -21,21 +22,23 @@ class DistillSettings:
     out: str = option(help="output folder: the draft, checkpoints, cache, report, model card")
     work: str | None = option(None, "label cache and checkpoints (default: OUT/work); rerunning resumes from it")
     layers: str = option("", "target decoder layers to initialise from (default: first,last)")
-    head_size: int = option(4000, "text tokens in the draft's output layer (0: all)")
+    head_size: int = option(4000, "text tokens in the draft's output layer (0: all; with --init, a size above the "
+                                  "draft's widens its layer)")
     tts_clips: int = option(600, "clips to synthesize from --text")
     real_clips: int = option(0, "label only the first N real clips one by one (0: all; --session-seconds' recordings "
                              "use every clip)")
     tts_engines: str = option("", "comma list of espeak-ng, flite, festival (default: installed)")
     session_seconds: float = option(120.0, "also join consecutive real clips into recordings this long and label "
                                     "them window by window as transcribe decodes them (previous text as prompt); 0: off")
-    init: str | None = option(None, "continue training this draft (its layers, output layer and shortlist)")
+    init: str | None = option(None, "continue training this draft (its layers, output layer and shortlist; see "
+                              "--head-size)")
     minutes: float = option(20.0, "training time budget (a rerun resumes the checkpoint with any budget; a raised one "
                                  "restarts the learning rate's decay, so give a long run its whole budget at once)")
     steps: int = option(0, "train this many steps instead of a time budget")
     checkpoint_every: int = option(50, "steps between checkpoints, each measuring the held-aside acceptance and "
                                    "writing the draft to OUT")
     batch: int = option(16)
-    label_batch: int = option(8, "clips the target labels at once (a GPU takes 32 or more)")
+    label_batch: int = option(LABEL_BATCH, "clips the target labels at once (a GPU takes 32 or more)")
     lr: float = option(7e-4)
     seed: int = option(0)
     threads: int = option(0)

@@ -39,6 +39,12 @@ def _band(audio: np.ndarray, low: float, high: float, rate: int) -> np.ndarray:
     return np.fft.irfft(spectrum, len(audio)).astype(np.float32)
 
 
+def convolved(x: np.ndarray, ir: np.ndarray) -> np.ndarray:
+    """``x`` convolved with ``ir``, as long as ``x``, by FFT (a direct convolution of 30 s with 0.8 s takes seconds)."""
+    n = len(x) + len(ir) - 1
+    return np.fft.irfft(np.fft.rfft(x, n) * np.fft.rfft(ir, n), n)[: len(x)].astype(np.float32)
+
+
 def augment(audio: np.ndarray, rng: random.Random, kind: str | None = None) -> tuple[str, np.ndarray]:
     """A copy of ``audio`` (16 kHz mono float32) changed one way (``kind``, else one at random): (kind, audio)."""
     kind = kind or rng.choice(KINDS)
@@ -54,8 +60,7 @@ def augment(audio: np.ndarray, rng: random.Random, kind: str | None = None) -> t
         t = np.arange(int(rt60 * SAMPLE_RATE)) / SAMPLE_RATE
         ir = g.standard_normal(len(t)).astype(np.float32) * np.exp(-6.9 * t / rt60).astype(np.float32)
         ir[0] = 1.0
-        n = len(x) + len(ir) - 1  # the convolution by FFT: a direct one of 30 s with 0.8 s takes seconds
-        wet = np.fft.irfft(np.fft.rfft(x, n) * np.fft.rfft(ir, n), n)[: len(x)].astype(np.float32)
+        wet = convolved(x, ir)
         out = wet * (np.abs(x).max() / max(float(np.abs(wet).max()), 1e-8))
     elif kind == "telephone":
         narrow = soxr.resample(_band(x, 300, 3400, SAMPLE_RATE), SAMPLE_RATE, 8000)

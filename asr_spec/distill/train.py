@@ -7,7 +7,6 @@ import json
 import random
 import sys
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -20,8 +19,10 @@ from tqdm import tqdm
 from ..audio import SAMPLE_RATE
 from ..models.loader import DRAFT_META, Whisper, distilled_decoder, load_target, save_distilled
 from ..writers import write_atomic
+from . import LABEL_BATCH
 from .data import Example, audio_files, augmented, clips, label, label_sessions, sessions, synthesize
 from .onpolicy import on_policy
+from .shortlist import choose_shortlist, widened
 from .tts import available_engines
 
 
@@ -49,7 +50,7 @@ class DistillOptions:
     ce_weight: float = 0.8
     seed: int = 0
     eval_every: int = 50
-    label_batch: int = 8
+    label_batch: int = LABEL_BATCH
     compute_type: str = "float32"  # the target that labels the audio runs at this type (training is float32)
     device: str = "cpu"  # where the target labels and the draft trains (cuda: a GPU does hours of CPU work)
     augment: int = 0  # augmented copies of every real clip (augment.py), labelled by the target
@@ -96,12 +97,21 @@ def _log(msg: str) -> None:
     tqdm.write(msg, file=sys.stderr)
 
 
+def cache_name(o: DistillOptions) -> str:
+    """The label cache's folder: its shards are numbered by label batch, so another type or batch size labels into a
+    folder of its own."""
+    name = "cache"
+    if o.compute_type != "float32":
+        name += f"-{o.compute_type}"
+    if o.label_batch != LABEL_BATCH:
+        name += f"-b{o.label_batch}"
+    return name
+
+
 def build_data(o: DistillOptions, target: Whisper) -> tuple[list[Example], dict[str, float]]:
     """Label every clip once; shards in out/cache make a rerun resume where it stopped. Returns the examples and the
     hours of audio behind them by kind (``session``: the real clips again, joined into recordings)."""
-    # shards are numbered by label batch: another type or batch size labels into its own folder
-    cache = workdir(o) / "-".join(["cache"] + [o.compute_type] * (o.compute_type != "float32") +
-                                  [f"b{o.label_batch}"] * (o.label_batch != 8))
+    cache = workdir(o) / cache_name(o)
     cache.mkdir(parents=True, exist_ok=True)
     sources: list[tuple[str, list[Path]]] = [("real", audio_files(list(o.audio)))]
     if o.text and o.tts_clips:
@@ -150,45 +160,6 @@ def build_data(o: DistillOptions, target: Whisper) -> tuple[list[Example], dict[
             bar.update(len(batch))
         bar.close()
     return examples, {k: round(v, 3) for k, v in hours.items()}
-
-
-def ranked_text_tokens(o: DistillOptions, target: Whisper, train: list[Example]) -> list[int]:
-    """Text tokens by how much a draft needs them: first those of the target's own labels (most frequent first: what
-    it says on real speech), then the most frequent tokens of the text corpus."""
-    said: Counter[int] = Counter(t for ex in train for t in ex.labels)
-    corpus: Counter[int] = Counter()
-    for f in o.text:
-        for line in Path(f).read_text().splitlines():
-            if line.strip():
-                corpus.update(target.tokenizer.encode(" " + line.strip()))
-    ranked = [t for t, _ in said.most_common()] + [t for t, _ in corpus.most_common() if t not in said]
-    return [t for t in ranked if t < target.vocab.eot]
-
-
-def choose_shortlist(o: DistillOptions, target: Whisper, train: list[Example]) -> list[int] | None:
-    """head_size text tokens ranked by :func:`ranked_text_tokens`, plus end-of-text and every timestamp token. Tokens
-    outside it are sure misses for the draft; the target still verifies."""
-    if not o.head_size:
-        return None
-    v = target.vocab
-    text = ranked_text_tokens(o, target, train)[: o.head_size]
-    return sorted(set(text) | {v.eot} | set(range(v.timestamp_begin, v.size)))
-
-
-def widened(o: DistillOptions, target: Whisper, train: list[Example], head_ids: list[int],
-            head: torch.Tensor) -> tuple[list[int], torch.Tensor]:
-    """A draft's shortlist and output layer widened to ``o.head_size`` text tokens (unchanged when it has as many):
-    the tokens it lacks taken in :func:`ranked_text_tokens`' order, each new row the target's own embedding of the
-    token (the target's output layer, as a fresh draft's starts); the trained rows kept."""
-    have = set(head_ids)
-    text = sum(t < target.vocab.eot for t in head_ids)
-    new = [t for t in ranked_text_tokens(o, target, train) if t not in have][: max(0, o.head_size - text)]
-    if not new:
-        return head_ids, head
-    ids = sorted(have | set(new))
-    rows = dict(zip(head_ids, head))
-    emb = target.net.model.decoder.embed_tokens.weight.detach()
-    return ids, torch.stack([rows[t] if t in rows else emb[t].to(head) for t in ids])
 
 
 def _jsonable(o: DistillOptions) -> dict:
@@ -285,12 +256,14 @@ def distill(o: DistillOptions, published: Callable[[dict], None] | None = None) 
         dec = model.model.decoder
         dec.layers.load_state_dict({k[len("layers."):]: v for k, v in saved.items() if k.startswith("layers.")})
         dec.layer_norm.load_state_dict({k[len("layer_norm."):]: v for k, v in saved.items() if k.startswith("layer_norm.")})
+        init_head_tokens = len(head_ids) if head_ids else None
         rows = saved["head.weight"].to(target.decoder.device)
         if o.head_size and head_ids:  # a larger --head-size widens the draft's output layer
-            head_ids, rows = widened(o, target, train, head_ids, rows)
+            head_ids, rows = widened(target, train, o.text, o.head_size, head_ids, rows)
         head = torch.nn.Parameter(rows.clone())
     else:  # distil-Whisper's recipe: layers copied from the target's, the output layer from its embeddings
-        head_ids = choose_shortlist(o, target, train)
+        init_head_tokens = None
+        head_ids = choose_shortlist(target, train, o.text, o.head_size)
         layers = list(o.layers) or [0, n_layers - 1]
         model = distilled_decoder(target, len(layers))
         dec = model.model.decoder
@@ -331,7 +304,7 @@ def distill(o: DistillOptions, published: Callable[[dict], None] | None = None) 
         report = {
             "target": o.target, "layers_from": layers, "decoder_layers": len(layers),
             "earlier_runs": earlier_runs(o.init), "head_tokens": len(head_ids) if head_ids else target.vocab.size,
-            "init_head_tokens": len(meta["head_ids"]) if o.init is not None and meta["head_ids"] else None,
+            "init_head_tokens": init_head_tokens,
             "held_aside_label_coverage": round(float(coverage), 4),
             "examples": {"train": len(train), "held_aside": len(held),
                          **{source: sum(e.source == source for e in examples)
