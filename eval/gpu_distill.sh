@@ -4,8 +4,10 @@
 # fills its work folder's cache), then the rest of the budget trains the same run on: it resumes the checkpoint with the
 # minutes left as its whole budget, so the learning rate decays to their end (less RELOAD_S: before training it
 # decodes the audio again and reads the labels back). The draft comes back in $OUT in 15 MB parts (`cat
-# draft.safetensors.part_* > draft.safetensors`) with its metadata, report and card, the labelling run's report
-# (label-report.json: its label_seconds is the labelling's time) and the log.
+# draft.safetensors.part_* > draft.safetensors`) and draft-meta.tar: its metadata, report and card, the labelling
+# run's report (label-report.json: its label_seconds is the labelling's time), the log and, where $GPU_DATA has dev/
+# (gpu_data.sh makes it), the draft's acceptance on the dev set there (dev-spec.json: `asr_spec eval --systems spec
+# --speculation on`, float32; DEV_S reserves its time).
 #
 #   GPU_DATA=/tmp/gpu OUT=/tmp/out BUDGET_S=500 bash eval/gpu_distill.sh          # on the GPU machine
 #   DEVICE=cpu GPU_DATA=.gpu-quick OUT=DIR BUDGET_S=150 MARGIN_S=30 RELOAD_S=10 bash eval/gpu_distill.sh
@@ -21,7 +23,9 @@ DEVICE=${DEVICE:-cuda}
 BUDGET_S=${BUDGET_S:-480}
 MARGIN_S=${MARGIN_S:-60}  # after training: the last held-aside measure, the draft written, the parts cut
 RELOAD_S=${RELOAD_S:-150}  # the training run's start: 3.3 h of audio decoded and augmented again, ~9 GB of labels read
+DEV_S=${DEV_S:-90}
 DATA=$(cd "${GPU_DATA:-/tmp/gpu}" && pwd)
+[ -f "$DATA/dev/manifest.jsonl" ] || DEV_S=0
 OUT=${OUT:?set OUT}
 REPO=$PWD
 WORK=$(mktemp -d)
@@ -37,8 +41,9 @@ ARGS=(--target whisper-base --audio "$WORK/audio" --text "$WORK"/text/*.txt --tt
       --work "$WORK/work" $OPTIONS)
 step $((START + BUDGET_S - $(date +%s))) $PY -m asr_spec distill "${ARGS[@]}" --minutes 0.05 --out "$WORK/labelled" \
   >> "$OUT/distill.log" 2>&1
-cp "$WORK/labelled/report.json" "$OUT/label-report.json" 2>/dev/null
-LEFT=$((START + BUDGET_S - $(date +%s) - MARGIN_S))
+META=$WORK/meta
+mkdir -p "$META" && cp "$WORK/labelled/report.json" "$META/label-report.json" 2>/dev/null
+LEFT=$((START + BUDGET_S - $(date +%s) - MARGIN_S - DEV_S))
 log "labelled; $LEFT s left, $((LEFT - RELOAD_S)) of them to train"
 DRAFT=$WORK/labelled
 if [ $((LEFT - RELOAD_S)) -gt 20 ]; then
@@ -47,7 +52,13 @@ if [ $((LEFT - RELOAD_S)) -gt 20 ]; then
   [ -f "$WORK/draft/draft.safetensors" ] && DRAFT=$WORK/draft
 fi
 [ -f "$DRAFT/draft.safetensors" ] || { tail -c 3000 "$OUT/distill.log"; log "no draft"; exit 7; }
-cp "$DRAFT"/asr_spec_draft.json "$DRAFT"/report.json "$DRAFT"/README.md "$OUT"/
 split -b 15M -d "$DRAFT/draft.safetensors" "$OUT/draft.safetensors.part_"
+cp "$DRAFT"/asr_spec_draft.json "$DRAFT"/report.json "$DRAFT"/README.md "$META"/
+if [ "$DEV_S" -gt 0 ]; then
+  step "$DEV_S" $PY -m asr_spec eval --manifest "$DATA/dev/manifest.jsonl" --systems spec --speculation on \
+    --device "$DEVICE" --compute-type float32 --draft "$DRAFT" --out "$WORK/dev" >> "$OUT/distill.log" 2>&1
+  cp "$WORK/dev/results.json" "$META/dev-spec.json" 2>/dev/null
+fi
 tail -c 2000 "$OUT/distill.log"
+mv "$OUT/distill.log" "$META/" && tar cf "$OUT/draft-meta.tar" -C "$META" .
 log done
