@@ -4,9 +4,10 @@
 # float16) in a tar cut in 27 MB parts with its sha256, the wheels the machine's image lacks (whl/), the embedded
 # tokenizer (tok/, for the tiny model) and the dev set as FLAC with its manifest (dev/). docs/development.md, "On a lent
 # GPU", says how the parts travel (two a call, with carry) before the call that runs the checks. With TRAIN=1 also
-# train/ for eval/gpu_distill.sh: the unlabeled training audio as Opus (~18 kb/s: 3.3 h in ~27 MB; the target labels
-# what it hears in it) in one tar, and the text corpus gzipped (TRAIN_DIR: default ../shared/data/train;
-# TRAIN_LIMIT=N: the first N clips, for a dry run).
+# train/ for eval/gpu_distill.sh: the unlabeled training audio as Opus (~18 kb/s: 3.3 h in 30 MB; the target labels
+# what it hears in it) in one tar, the text corpus gzipped, and tts/: TTS_CLIPS clips (default 1500, ~45 MB)
+# synthesized here from that corpus as `asr_spec distill` synthesizes them (the lent machine has no TTS engine), as
+# Opus (TRAIN_DIR: default ../shared/data/train; TRAIN_LIMIT=N: the first N clips, for a dry run).
 #
 #   [TRAIN=1] bash eval/gpu_data.sh [.gpu]
 set -euo pipefail
@@ -67,6 +68,20 @@ with ProcessPoolExecutor(os.cpu_count()) as pool:
     list(pool.map(opus, files, chunksize=16))
 PY
   tar cf "$OUT/train/audio.tar" -C "$WORK" audio
+  mkdir -p "$OUT/tts" && python - "$TRAIN_DIR/text" "$WORK" "${TTS_CLIPS:-1500}" <<'PY'
+import os, sys
+from pathlib import Path
+import soundfile as sf
+from asr_spec.audio import SAMPLE_RATE, load_audio
+from asr_spec.distill.data import synthesize
+from asr_spec.distill.tts import available_engines
+text, work, count = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+os.makedirs(work / "tts", exist_ok=True)
+for wav in synthesize(sorted(text.glob("*.txt")), count, work / "wav", available_engines(), seed=0):
+    sf.write(work / "tts" / (wav.stem + ".ogg"), load_audio(wav), SAMPLE_RATE, format="OGG", subtype="OPUS",
+             compression_level=0.95)  # at 16 kHz: the engines' 22,050 Hz is not a rate Opus takes
+PY
+  tar cf "$OUT/tts/tts.tar" -C "$WORK" tts
   for f in "$TRAIN_DIR"/text/*.txt; do
     gzip -9c "$f" > "$OUT/train/text/$(basename "$f").gz"
   done

@@ -13,9 +13,10 @@
 #   DEVICE=cpu GPU_DATA=.gpu-quick OUT=DIR BUDGET_S=150 MARGIN_S=30 RELOAD_S=10 bash eval/gpu_distill.sh
 #                                # here: a dry run of the distill commands (gpu_setup.sh does nothing on a CPU)
 #
-# $GPU_DATA: what `TRAIN=1 bash eval/gpu_data.sh` makes (the model's parts, whl/, train/audio.tar, train/text/*.gz).
-# DISTILL_ARGS replaces the training options (default: a fresh draft with 16,384 text tokens, one augmented copy of
-# every clip, batches of 64, the target labelling 32 clips at a time).
+# $GPU_DATA: what `TRAIN=1 bash eval/gpu_data.sh` makes (the model's parts, whl/, train/audio.tar, train/text/*.gz,
+# tts/tts.tar: clips synthesized there from the corpus, labelled here as `--tts-audio`). DISTILL_ARGS replaces the
+# training options (default: a fresh draft with 16,384 text tokens, batches of 64, the target labelling 32 clips at a
+# time; add e.g. --augment 1 where the budget allows).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -35,9 +36,11 @@ PY=python3
 [ "$DEVICE" = cpu ] && PY=python
 mkdir -p "$WORK/text" && tar xf "$DATA/train/audio.tar" -C "$WORK" || exit 6
 for f in "$DATA"/train/text/*.gz; do gunzip -c "$f" > "$WORK/text/$(basename "$f" .gz)"; done
-OPTIONS=${DISTILL_ARGS:-"--head-size 16384 --augment 1 --batch 64 --label-batch 32 --checkpoint-every 200"}
+TTS=(--tts-clips 0)
+[ -f "$DATA/tts/tts.tar" ] && tar xf "$DATA/tts/tts.tar" -C "$WORK" && TTS=(--tts-audio "$WORK/tts" --tts-clips 100000)
+OPTIONS=${DISTILL_ARGS:-"--head-size 16384 --batch 64 --label-batch 32 --checkpoint-every 200"}
 # shellcheck disable=SC2206  # the options are words
-ARGS=(--target whisper-base --audio "$WORK/audio" --text "$WORK"/text/*.txt --tts-clips 0 --device "$DEVICE"
+ARGS=(--target whisper-base --audio "$WORK/audio" --text "$WORK"/text/*.txt "${TTS[@]}" --device "$DEVICE"
       --work "$WORK/work" $OPTIONS)
 step $((START + BUDGET_S - $(date +%s))) $PY -m asr_spec distill "${ARGS[@]}" --minutes 0.05 --out "$WORK/labelled" \
   >> "$OUT/distill.log" 2>&1

@@ -95,8 +95,10 @@ def test_distill_writes_a_draft_that_decodes_exactly_and_resumes(tmp_path, base_
     tuned = tmp_path / "tuned"  # fine-tuning the draft keeps its shortlist and stays exact
     # ... with augmented copies of the real clips and on-policy batches (the draft's own paths)
     # ... on two of the real clips one by one (the recordings still join all six)
+    # ... and three of the synthesized clips taken from a folder (as made on a machine with the engines for one without)
     r = distill(*[a if a != str(out) else str(tuned) for a in common], "--steps", "2", "--init", str(out),
-                "--augment", "1", "--on-policy", "0.5", "--real-clips", "2")
+                "--augment", "1", "--on-policy", "0.5", "--real-clips", "2", "--tts-audio", str(work / "cache" / "tts"),
+                "--tts-clips", "3")
     assert r.returncode == 0, r.stderr[-3000:]
     tuned_report = json.loads((tuned / "report.json").read_text())
     examples = tuned_report["examples"]
@@ -106,6 +108,7 @@ def test_distill_writes_a_draft_that_decodes_exactly_and_resumes(tmp_path, base_
     assert json.loads((tuned / "asr_spec_draft.json").read_text())["training"]["earlier_runs"] == \
         tuned_report["earlier_runs"]
     assert examples["aug"] > 0 and examples["real"] < report["examples"]["real"]
+    assert 0 < examples["tts"] < report["examples"]["tts"]
     assert examples["session"] == report["examples"]["session"]
     assert json.loads((tuned / "asr_spec_draft.json").read_text())["head_ids"] == draft.decoder.head_ids.tolist()
     spec = Transcriber(base_model, load_draft(str(tuned), base_model)).decode(memories, [prompt], k=4)[0]

@@ -42,3 +42,16 @@ def test_the_shortlist_holds_every_token_the_target_said_before_corpus_tokens(tm
     assert len([t for t in ids if t < v.eot]) == len(set(said)) + 3  # then the corpus's most frequent
     assert len(set(corpus) & ids) == 3 and not set(tiny_target.tokenizer.encode(" dog ran far away")) & ids
     assert v.eot in ids and set(range(v.timestamp_begin, v.size)) <= ids
+
+
+def test_a_restricted_output_layer_keeps_the_trained_rows_of_the_tokens_kept():
+    import pytest
+    import torch
+
+    from asr_spec.distill.shortlist import restricted
+
+    head_ids, head = [3, 7, 9, 12], torch.arange(8.0).reshape(4, 2)
+    ids, rows = restricted(head_ids, head, [12, 7])
+    assert ids == [7, 12] and torch.equal(rows, torch.tensor([[2.0, 3.0], [6.0, 7.0]]))
+    with pytest.raises(ValueError, match="not in the draft's shortlist"):
+        restricted(head_ids, head, [7, 8])

@@ -28,6 +28,8 @@ class DistillSettings:
     real_clips: int = option(0, "label only the first N real clips one by one (0: all; --session-seconds' recordings "
                              "use every clip)")
     tts_engines: str = option("", "comma list of espeak-ng, flite, festival (default: installed)")
+    tts_audio: str | None = option(None, "synthesized clips made elsewhere (eval/gpu_data.sh, for a machine without "
+                                   "the engines): the first --tts-clips of them instead of synthesizing")
     session_seconds: float = option(120.0, "also join consecutive real clips into recordings this long and label "
                                     "them window by window as transcribe decodes them (previous text as prompt); 0: off")
     init: str | None = option(None, "continue training this draft (its layers, output layer and shortlist; see "
@@ -60,6 +62,7 @@ class DistillSettings:
                               layers=tuple(int(i) for i in self.layers.split(",")) if self.layers else (),
                               head_size=self.head_size, tts_clips=self.tts_clips, real_clips=self.real_clips,
                               tts_engines=tuple(e for e in self.tts_engines.split(",") if e), minutes=self.minutes,
+                              tts_audio=Path(self.tts_audio) if self.tts_audio else None,
                               max_steps=self.steps, batch=self.batch, lr=self.lr, seed=self.seed,
                               label_batch=self.label_batch,
                               session_s=self.session_seconds, init=Path(self.init) if self.init else None,
@@ -79,7 +82,7 @@ def distill(settings: DistillSettings) -> int:
 
     if settings.threads:
         torch.set_num_threads(settings.threads)
-    missing = [p for p in settings.audio + settings.text if not Path(p).exists()]
+    missing = [p for p in settings.audio + settings.text + (settings.tts_audio or "",) if p and not Path(p).exists()]
     if missing:
         print(f"error: not found: {', '.join(missing)}", file=sys.stderr)
         return 1

@@ -25,7 +25,7 @@ token, so transcripts are the target's own whatever the draft proposes.
   telephone band), {ex['tts']} synthesized ones and {ex.get('session', 0)} windows of real clips
   joined into recordings of up to {report['options'].get('session_s', 0):g} s and decoded the way `transcribe` decodes
   them (previous text as prompt, timestamps, seeking), all labelled by the target's greedy decoding
-  ({ex['held_aside']} held aside). Audio: {', '.join(report['options']['audio']) or 'none'}; text for synthesis:
+  ({ex['held_aside']} held aside). Audio: {', '.join(report['options']['audio']) or 'none'}{_made_elsewhere(report)}; text for synthesis:
   {', '.join(Path(t).name for t in report['options']['text']) or 'none'}. No evaluation data.
 - Hours of audio by kind: {_hours(report.get('audio_hours', {}))}.
 - Loss: KL to the target's top-{report['options']['top_k']} distribution (renormalised on the head) +
@@ -40,6 +40,11 @@ token, so transcripts are the target's own whatever the draft proposes.
 {history}
 {_lineage(report)}"""
     write_atomic(out / "README.md", card)
+
+
+def _made_elsewhere(report: dict) -> str:
+    where = report["options"].get("tts_audio")
+    return f"; synthesized clips made beforehand: {where}" if where else ""
 
 
 def _widened(report: dict) -> str:

@@ -47,3 +47,15 @@ def widened(target: Whisper, train: list[Example], text: tuple[Path, ...], size:
     rows = dict(zip(head_ids, head))
     emb = target.net.model.decoder.embed_tokens.weight.detach()
     return ids, torch.stack([rows[t] if t in rows else emb[t].to(head) for t in ids])
+
+
+def restricted(head_ids: list[int], head: torch.Tensor, keep: list[int]) -> tuple[list[int], torch.Tensor]:
+    """A draft's output layer cut to the tokens ``keep`` (each in its shortlist): fewer rows read at each draft step,
+    the kept rows as trained. The other way from :func:`widened`: a draft trained with a wide layer served with a
+    narrow one."""
+    where = {t: i for i, t in enumerate(head_ids)}
+    missing = [t for t in keep if t not in where]
+    if missing:
+        raise ValueError(f"{len(missing)} tokens to keep are not in the draft's shortlist (first: {missing[0]})")
+    ids = sorted(set(keep))
+    return ids, head[[where[t] for t in ids]]

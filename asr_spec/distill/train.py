@@ -38,6 +38,7 @@ class DistillOptions:
     tts_clips: int = 600
     real_clips: int = 0  # label only the first N real clips one by one (0: all; the recordings use every clip)
     tts_engines: tuple[str, ...] = ()  # default: every engine installed
+    tts_audio: Path | None = None  # clips synthesized elsewhere (a machine without the engines): the first tts_clips
     notimestamps_every: int = 4  # also label every Nth clip in <|notimestamps|> mode
     session_s: float = 120.0  # also join real clips into recordings this long, labelled window by window as
     # ``transcribe`` decodes them (previous text as prompt, timestamps, seeking); 0: off
@@ -114,7 +115,9 @@ def build_data(o: DistillOptions, target: Whisper) -> tuple[list[Example], dict[
     cache = workdir(o) / cache_name(o)
     cache.mkdir(parents=True, exist_ok=True)
     sources: list[tuple[str, list[Path]]] = [("real", audio_files(list(o.audio)))]
-    if o.text and o.tts_clips:
+    if o.tts_audio is not None:
+        sources.append(("tts", audio_files([o.tts_audio])[: o.tts_clips or None]))
+    elif o.text and o.tts_clips:
         engines = list(o.tts_engines) or available_engines()
         if not engines:
             raise RuntimeError("no TTS engine found (apt-get install espeak-ng flite festival), or pass --tts-clips 0")
