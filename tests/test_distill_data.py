@@ -7,12 +7,13 @@ import random
 import numpy as np
 import pytest
 import torch
+from conftest import DEV, system_tool
 
 from asr_spec.audio import SAMPLE, SAMPLE_RATE, load_audio
 from asr_spec.distill.augment import KINDS, augment, convolved
-from asr_spec.distill.data import Example, augmented
+from asr_spec.distill.data import Example, augmented, label, synthesize
 from asr_spec.distill.onpolicy import on_policy
-from asr_spec.distill.train import Batcher
+from asr_spec.distill.train import Batcher, shard_examples
 from asr_spec.models.loader import load_draft
 
 
@@ -72,3 +73,40 @@ def test_reverberation_by_fft_is_the_direct_convolution():
     x, ir = g.standard_normal(5000).astype(np.float32), g.standard_normal(700).astype(np.float32)
     assert np.allclose(convolved(x, ir), np.convolve(x, ir)[:5000], atol=1e-3)
     assert not np.allclose(convolved(x, ir), np.convolve(x, ir[::-1])[:5000], atol=1e-3)  # a wrong kernel fails
+
+
+def test_a_longer_synthesis_run_extends_a_shorter_ones_clips(tmp_path):
+    """Clip i's text and voice do not depend on how many clips are asked for, so a run with more clips reuses the
+    clips (and their labels) of a run with fewer: the same first clips, sample for sample (voices drawn after all
+    passages, as before, gave clip 0 another voice in a longer run)."""
+    system_tool("espeak-ng", install="sudo apt-get install espeak-ng (.ci/run installs it)")
+    text = [DEV.parent / "train" / "text" / "gutenberg_doyle_wells.txt"]
+    few = synthesize(text, 3, tmp_path / "few", ["espeak-ng"], seed=0)
+    more = synthesize(text, 6, tmp_path / "more", ["espeak-ng"], seed=0)
+    assert len(few) == 3 and len(more) == 6 and [p.name for p in few] == [p.name for p in more[:3]]
+    assert all(np.array_equal(load_audio(a), load_audio(b)) for a, b in zip(few, more))
+
+
+def test_a_label_shard_labels_each_clip_once_and_loses_none(tmp_path, short_target, clip):
+    """A shard keeps the ids of the clips it labelled: a run with fewer clips ends inside it, a later run with more
+    labels only the clips it lacks, and a clip that gave no example (a loop, silence) is not labelled again."""
+    batch = [(f"c{i}@0", "real", clip[i * 8000:]) for i in range(3)]
+    asked: list[list[str]] = []
+
+    def labeller(todo):
+        asked.append([b[0] for _, b in todo])
+        return [e for e in label(short_target, [b for _, b in todo], 4, timestamps=True) if e.id != "c1@0"]
+
+    def ids(examples):
+        return [e.id for e in examples]
+
+    shard = tmp_path / "real-00000.pt"
+    first = ids(shard_examples(shard, batch[:2], labeller))
+    assert asked == [["c0@0", "c1@0"]] and set(first) <= {"c0@0"}
+    every = ids(shard_examples(shard, batch, labeller))
+    assert asked == [["c0@0", "c1@0"], ["c2@0"]] and every[:len(first)] == first
+    assert ids(shard_examples(shard, batch, labeller)) == every and len(asked) == 2  # nothing labelled twice
+    assert ids(shard_examples(shard, batch[2:], labeller)) == [i for i in every if i == "c2@0"]
+    # a shard written before the ids were kept: the clips behind its examples count as labelled
+    torch.save(shard_examples(shard, batch, labeller), shard)
+    assert ids(shard_examples(shard, batch[:1], labeller)) == [i for i in every if i == "c0@0"] and len(asked) == 2

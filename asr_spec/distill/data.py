@@ -53,13 +53,14 @@ def audio_files(dirs: list[Path]) -> list[Path]:
 
 
 def synthesize(text_files: list[Path], count: int, out_dir: Path, engines: list[str], seed: int) -> list[Path]:
-    """``count`` synthesized clips (cached in ``out_dir``: existing ones are kept)."""
+    """``count`` synthesized clips (cached in ``out_dir``: existing ones are kept). Clip i's text and voice do not
+    depend on ``count``, so a longer run extends a shorter one's clips."""
     rng = random.Random(seed)
     sentences = [s.strip() for f in text_files for s in Path(f).read_text().splitlines() if len(s.strip()) > 3]
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for i, text in enumerate(passages(sentences, count, rng)):
-        voice = random_voice(rng, engines)
+        voice = random_voice(random.Random(f"{seed}:{i}"), engines)  # clip i's voice whatever the count
         path = out_dir / f"tts-{i:05d}-{voice.engine}.wav"
         if not path.exists():
             tmp = path.with_suffix(".part.wav")

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
@@ -149,20 +150,37 @@ def build_data(o: DistillOptions, target: Whisper) -> tuple[list[Example], dict[
         for n, start in enumerate(range(0, len(items), o.label_batch)):
             shard = cache / f"{source}-{n:05d}.pt"
             batch = items[start:start + o.label_batch]
-            if shard.exists():  # only this batch's clips (a run with fewer --real-clips ends inside a shard)
-                ids = {cid for cid, _, _ in batch}
-                got = [e for e in torch.load(shard, weights_only=False) if e.id.split("#")[0] in ids]
-            else:
-                got = label(target, batch, o.top_k, timestamps=True)
-                extra = [b for j, b in enumerate(batch) if (start + j) % o.notimestamps_every == 0]
-                if extra:
-                    got += label(target, extra, o.top_k, timestamps=False)
-                torch.save(got, shard.with_suffix(".tmp"))
-                shard.with_suffix(".tmp").replace(shard)
-            examples += got
+            examples += shard_examples(shard, batch, lambda todo, at=start: _label_clips(target, todo, o, at))
             bar.update(len(batch))
         bar.close()
     return examples, {k: round(v, 3) for k, v in hours.items()}
+
+
+def _label_clips(target: Whisper, todo: list[tuple[int, tuple[str, str, np.ndarray]]], o: DistillOptions,
+                start: int) -> list[Example]:
+    """Examples of the clips ``todo`` ((index in their batch, clip)): each with timestamps, every
+    ``notimestamps_every``-th (by its place in the source) also without."""
+    got = label(target, [b for _, b in todo], o.top_k, timestamps=True)
+    extra = [b for j, b in todo if (start + j) % o.notimestamps_every == 0]
+    return got + (label(target, extra, o.top_k, timestamps=False) if extra else [])
+
+
+def shard_examples(shard: Path, batch: list[tuple[str, str, np.ndarray]],
+              label_todo: Callable[[list[tuple[int, tuple[str, str, np.ndarray]]]], list[Example]]) -> list[Example]:
+    """The examples of ``batch`` from its shard, the clips the shard has not labelled yet labelled by ``label_todo``
+    and the shard rewritten. A shard keeps the ids of the clips it labelled (a clip may give no example: a loop,
+    silence), so that a run with fewer clips (ending inside a shard) or other ones (a longer run) loses none."""
+    data = torch.load(shard, weights_only=False) if shard.exists() else {"ids": [], "examples": []}
+    if isinstance(data, list):  # a shard written before the ids were kept: the clips behind its examples
+        data = {"ids": sorted({e.id.split("#")[0] for e in data}), "examples": data}
+    done = set(data["ids"])
+    todo = [(j, b) for j, b in enumerate(batch) if b[0] not in done]
+    if todo:
+        data = {"ids": data["ids"] + [b[0] for _, b in todo], "examples": data["examples"] + label_todo(todo)}
+        torch.save(data, shard.with_suffix(".tmp"))
+        shard.with_suffix(".tmp").replace(shard)
+    ids = {cid for cid, _, _ in batch}
+    return [e for e in data["examples"] if e.id.split("#")[0] in ids]
 
 
 def _jsonable(o: DistillOptions) -> dict:
