@@ -156,8 +156,10 @@ def build_data(o: DistillOptions, target: Whisper) -> tuple[list[Example], dict[
     return examples, {k: round(v, 3) for k, v in hours.items()}
 
 
-def _label_clips(target: Whisper, todo: list[tuple[int, tuple[str, str, np.ndarray]]], o: DistillOptions,
-                start: int) -> list[Example]:
+Clip = tuple[str, str, np.ndarray]  # (id, source, audio), as data.clips yields them
+
+
+def _label_clips(target: Whisper, todo: list[tuple[int, Clip]], o: DistillOptions, start: int) -> list[Example]:
     """Examples of the clips ``todo`` ((index in their batch, clip)): each with timestamps, every
     ``notimestamps_every``-th (by its place in the source) also without."""
     got = label(target, [b for _, b in todo], o.top_k, timestamps=True)
@@ -165,8 +167,8 @@ def _label_clips(target: Whisper, todo: list[tuple[int, tuple[str, str, np.ndarr
     return got + (label(target, extra, o.top_k, timestamps=False) if extra else [])
 
 
-def shard_examples(shard: Path, batch: list[tuple[str, str, np.ndarray]],
-              label_todo: Callable[[list[tuple[int, tuple[str, str, np.ndarray]]]], list[Example]]) -> list[Example]:
+def shard_examples(shard: Path, batch: list[Clip],
+                   label_todo: Callable[[list[tuple[int, Clip]]], list[Example]]) -> list[Example]:
     """The examples of ``batch`` from its shard, the clips the shard has not labelled yet labelled by ``label_todo``
     and the shard rewritten. A shard keeps the ids of the clips it labelled (a clip may give no example: a loop,
     silence), so that a run with fewer clips (ending inside a shard) or other ones (a longer run) loses none."""
