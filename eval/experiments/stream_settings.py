@@ -4,7 +4,8 @@
         [--dev DIR]
 
 ``field=value``: an ``EngineConfig`` field (``lookahead_s=2.0``, ``pad_s=3.0``, ``alignment=decode``,
-``encoder_window=audio``); ``stream.field=value`` a ``StreamConfig`` one. The dev utterances (the first ``--limit``)
+``encoder_window=audio``); ``stream.field=value`` a ``StreamConfig`` one, ``policy.field=value`` one of its commit
+policy's (``policy.opening_margin_s=1.5``). The dev utterances (the first ``--limit``)
 and the first ``--long`` seconds of the long-form talk are streamed through one engine in 0.5 s chunks at the default
 fixed step (as ``eval/bench_streaming.py``'s WER part), int8. Prints one JSON line: dev WER against the references,
 engine seconds per stream second, padded-window retries, and the long-form stream's WER against the offline text of
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -44,12 +46,15 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=65)
     ap.add_argument("--long", type=float, default=120.0, help="seconds of the long-form talk (0: none)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--texts", type=Path, help="also write each dev utterance's streamed text here (JSON)")
     add_data_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     fields = dict(s.split("=", 1) for s in args.settings)
-    engine_fields = {k: value(v) for k, v in fields.items() if not k.startswith("stream.")}
+    engine_fields = {k: value(v) for k, v in fields.items() if not k.startswith(("stream.", "policy."))}
     stream = StreamConfig(**{k.removeprefix("stream."): value(v) for k, v in fields.items() if k.startswith("stream.")})
+    stream = replace(stream, policy=replace(stream.policy, **{k.removeprefix("policy."): value(v)
+                                                              for k, v in fields.items() if k.startswith("policy.")}))
     target, draft = load(ModelOptions(compute_type="int8"))
     tr = Transcriber(target, draft)
     engine = Engine(tr, EngineConfig(**engine_fields))
@@ -60,6 +65,8 @@ def main() -> None:
         seconds += len(audio) / 16000
         events = stream_audio(engine, audio, stream, stats=stats)
         hyps.append("".join(e.join + e.text for e in events if e.type == "final"))
+    if args.texts:
+        args.texts.write_text(json.dumps(dict(zip((it["id"] for it in dev.items), hyps)), indent=1))
     out = {"name": args.name, "settings": fields, "dev_files": len(dev.items),
            "dev_wer": round(wer(dev.texts(), hyps), 2),
            "engine_s_per_stream_s": round(engine.busy_s / seconds, 3),
