@@ -1,11 +1,11 @@
 """Streaming WER and engine time of one engine setting: how the streaming encoder's defaults were chosen.
 
     python eval/experiments/stream_settings.py NAME [field=value ...] [--limit 65] [--long 120] [--threads 2]
-        [--dev DIR]
+        [--texts FILE] [--dev DIR]
 
 ``field=value``: an ``EngineConfig`` field (``lookahead_s=2.0``, ``pad_s=3.0``, ``alignment=decode``,
 ``encoder_window=audio``); ``stream.field=value`` a ``StreamConfig`` one, ``policy.field=value`` one of its commit
-policy's (``policy.opening_margin_s=1.5``). The dev utterances (the first ``--limit``)
+policy's (``policy.min_probability=0.9``). The dev utterances (the first ``--limit``)
 and the first ``--long`` seconds of the long-form talk are streamed through one engine in 0.5 s chunks at the default
 fixed step (as ``eval/bench_streaming.py``'s WER part), int8. Prints one JSON line: dev WER against the references,
 engine seconds per stream second, padded-window retries, and the long-form stream's WER against the offline text of
