@@ -16,7 +16,9 @@
 # $GPU_DATA: what `TRAIN=1 bash eval/gpu_data.sh` makes (the model's parts, whl/, train/audio.tar, train/text/*.gz,
 # tts/tts.tar: clips synthesized there from the corpus, labelled here as `--tts-audio`). DISTILL_ARGS replaces the
 # training options (default: a fresh draft with 16,384 text tokens, batches of 64, the target labelling 32 clips at a
-# time; add e.g. --augment 1 where the budget allows).
+# time; add e.g. --augment 1 where the budget allows). ALSO_ARGS (e.g. "--on-policy 0.25"): a second run beside the
+# first on the same labels (its own work folder, the label cache hard-linked), trained at the same time on the same
+# GPU with those options added; it comes back as draft-b.safetensors.part_* and draft-b/ in draft-meta.tar.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -41,22 +43,38 @@ TTS=(--tts-clips 0)
 OPTIONS=${DISTILL_ARGS:-"--head-size 16384 --batch 64 --label-batch 32 --checkpoint-every 200"}
 # shellcheck disable=SC2206  # the options are words
 ARGS=(--target whisper-base --audio "$WORK/audio" --text "$WORK"/text/*.txt "${TTS[@]}" --device "$DEVICE"
-      --work "$WORK/work" $OPTIONS)
-step $((START + BUDGET_S - $(date +%s))) $PY -m asr_spec distill "${ARGS[@]}" --minutes 0.05 --out "$WORK/labelled" \
+      $OPTIONS)
+step $((START + BUDGET_S - $(date +%s))) $PY -m asr_spec distill "${ARGS[@]}" --work "$WORK/work" --minutes 0.05 --out "$WORK/labelled" \
   >> "$OUT/distill.log" 2>&1
 META=$WORK/meta
 mkdir -p "$META" && cp "$WORK/labelled/report.json" "$META/label-report.json" 2>/dev/null
 LEFT=$((START + BUDGET_S - $(date +%s) - MARGIN_S - DEV_S))
 log "labelled; $LEFT s left, $((LEFT - RELOAD_S)) of them to train"
 DRAFT=$WORK/labelled
+train() {  # train NAME [extra options]: the labelled run trained on in $WORK/NAME (its own work folder unless "draft")
+  local name=$1 work=$WORK/work; shift
+  if [ "$name" != draft ]; then
+    mkdir -p "$WORK/work-$name" && for c in "$WORK"/work/cache*; do cp -al "$c" "$WORK/work-$name/"; done
+    work=$WORK/work-$name
+  fi
+  step $((LEFT + MARGIN_S)) $PY -m asr_spec distill "${ARGS[@]}" "$@" --work "$work" \
+    --minutes "$(awk "BEGIN { print ($LEFT - $RELOAD_S) / 60 }")" --out "$WORK/$name" >> "$OUT/distill-$name.log" 2>&1
+}
 if [ $((LEFT - RELOAD_S)) -gt 20 ]; then
-  step $((LEFT + MARGIN_S)) $PY -m asr_spec distill "${ARGS[@]}" --minutes "$(awk "BEGIN { print ($LEFT - $RELOAD_S) / 60 }")" \
-    --out "$WORK/draft" >> "$OUT/distill.log" 2>&1
+  # shellcheck disable=SC2086  # the options are words
+  [ -n "${ALSO_ARGS:-}" ] && { train draft-b $ALSO_ARGS & }
+  train draft
+  wait
   [ -f "$WORK/draft/draft.safetensors" ] && DRAFT=$WORK/draft
 fi
+cat "$OUT"/distill-*.log >> "$OUT/distill.log" 2>/dev/null && rm -f "$OUT"/distill-*.log
 [ -f "$DRAFT/draft.safetensors" ] || { tail -c 3000 "$OUT/distill.log"; log "no draft"; exit 7; }
 split -b 15M -d "$DRAFT/draft.safetensors" "$OUT/draft.safetensors.part_"
 cp "$DRAFT"/asr_spec_draft.json "$DRAFT"/report.json "$DRAFT"/README.md "$META"/
+if [ -f "$WORK/draft-b/draft.safetensors" ]; then
+  split -b 15M -d "$WORK/draft-b/draft.safetensors" "$OUT/draft-b.safetensors.part_"
+  mkdir -p "$META/draft-b" && cp "$WORK"/draft-b/{asr_spec_draft.json,report.json,README.md} "$META/draft-b/"
+fi
 if [ "$DEV_S" -gt 0 ]; then
   step "$DEV_S" $PY -m asr_spec eval --manifest "$DATA/dev/manifest.jsonl" --systems spec --speculation on \
     --device "$DEVICE" --compute-type float32 --draft "$DRAFT" --out "$WORK/dev" >> "$OUT/distill.log" 2>&1
