@@ -46,8 +46,11 @@ class _Network:
         return torch.sigmoid(o) * torch.tanh(c), c
 
     def speech_probability(self, h: torch.Tensor) -> torch.Tensor:
-        """[..., 128] hidden states -> [...] probabilities of speech."""
-        return torch.sigmoid((torch.relu(h) * self.w_out).sum(-1) + self.b_out)
+        """[..., 128] hidden states -> [...] probabilities of speech. The logits padded to a multiple of 64: torch
+        computes the tail of an element-wise operation shorter than its vector loop with scalar code (other bits), so
+        a stream's probability would depend on how many steps its company needed."""
+        z = ((torch.relu(h) * self.w_out).sum(-1) + self.b_out).reshape(-1)
+        return torch.sigmoid(torch.cat([z, z.new_zeros(-len(z) % 64)]))[:len(z)].view(h.shape[:-1])
 
 
 @lru_cache(maxsize=1)
