@@ -98,6 +98,9 @@ def test_the_row_exact_way_is_measured_once_per_machine_and_kept_on_disk(tmp_pat
     name, _ = linear.exact_way(96, 64, torch.float32, torch.device("cpu"))
     (kept,) = (tmp_path / "exact-ways").glob("*.json")
     assert torch.__version__.replace("+", "_") in kept.name and name in json.loads(kept.read_text())["ways"].values()
+    with monkeypatch.context() as env:  # another oneDNN kernel set: another file
+        env.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+        assert linear._ways_file() != kept and "AVX2" in linear._ways_file().name
     monkeypatch.setattr(linear, "_CHOSEN", {})  # a new process
     monkeypatch.setattr(linear, "row_exact", lambda *a, **k: pytest.fail("measured again"))
     assert linear.exact_way(96, 64, torch.float32, torch.device("cpu"))[0] == name
@@ -108,6 +111,25 @@ def test_the_row_exact_way_is_measured_once_per_machine_and_kept_on_disk(tmp_pat
     monkeypatch.setattr(linear, "row_exact", lambda *a, **k: measured.append(1) or True)
     assert linear.exact_way(96, 64, torch.float32, torch.device("cpu"))[0] == linear.WAYS[torch.float32][0][0]
     assert measured
+
+
+def test_the_row_exact_probe_sees_one_output_of_one_row_change_in_company():
+    """Two kernels that sum in other orders differ in a few outputs in 10,000 (bfloat16; a Xeon with AMX: 3 of a
+    row's 51865), so the probe compares every output of 16 rows, alone and first or last among others: a way whose
+    rows keep their bits passes, one that moves a single output of one row among others (not row 0) fails. The
+    kept file is per oneDNN kernel set (AMX on or off: other kernels)."""
+    from asr_spec.models import linear
+
+    cpu = torch.device("cpu")
+
+    def nudged(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = x @ w.t()
+        if x.shape[0] > 1:
+            y[min(5, x.shape[0] - 1), 7] += 1e-3
+        return y
+
+    assert linear.row_exact(lambda x, w: in_blocks(x, w, 16), 96, 64, torch.float32, cpu, (2, 9, 33))
+    assert not linear.row_exact(nudged, 96, 64, torch.float32, cpu, (2, 9, 33))
 
 
 @needs_int8

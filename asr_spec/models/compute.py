@@ -63,8 +63,10 @@ def native_bfloat16(device: str | torch.device = "cpu", cpuinfo: str = CPUINFO) 
 
 
 def amx(device: str | torch.device = "cpu", cpuinfo: str = CPUINFO) -> bool:
-    """Whether ``device`` is a CPU with AMX tiles for bfloat16 (Intel Xeon since Sapphire Rapids)."""
-    return torch.device(device).type == "cpu" and "amx_bf16" in cpu_flags(cpuinfo)
+    """Whether ``device`` is a CPU with AMX tiles for bfloat16 (Intel Xeon since Sapphire Rapids) that oneDNN may use
+    (``ONEDNN_MAX_CPU_ISA`` unset, or naming an AMX set or ``ALL``)."""
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    return torch.device(device).type == "cpu" and "amx_bf16" in cpu_flags(cpuinfo) and ("AMX" in isa or isa in ("ALL", "DEFAULT"))
 
 
 def int8_kernels(device: str | torch.device = "cpu") -> bool:

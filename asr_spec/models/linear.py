@@ -11,8 +11,8 @@ CPU float32 products differ from 2 rows on; cuBLAS's on CUDA; eval/experiments/e
   when there is one.
 
 Which way is row-exact is a property of the machine's kernels, so on a CPU it is measured, not assumed: for each
-layer shape, dtype and thread count, :func:`exact_way` tries the ways fastest-first on random rows (row 0 alone,
-first, last and in the middle of 2..2000 rows) and keeps the first that never differs. On CUDA, blocks of
+layer shape, dtype, thread count and oneDNN's kernel set, :func:`exact_way` tries the ways fastest-first on random
+rows (16 rows each alone, and first and last among 2..2000 rows) and keeps the first that never differs. On CUDA, blocks of
 ``CUDA_ROWS`` rows (H200: float16 speculative text differed from target-only on 3 of 65 dev utterances before).
 int8 layers (:class:`Int8`) are exact by construction: each row is quantized with its own scale and summed in
 integers.
@@ -32,6 +32,8 @@ from torch import nn
 
 CUDA_ROWS = 256  # a GPU's decode step is bound by its weights and its launches, not by its rows
 PROBE_ROWS = (2, 3, 4, 5, 8, 9, 16, 17, 33, 100, 300, 2000)  # row counts a way is tried at (the output layer: to 100)
+PROBE_EACH = 16  # rows compared, each computed alone and among the others
+PROBE = 2  # the probe's version, part of the kept file's name: a stronger probe measures again
 WIDE_CALL = 64  # rows from which an int8 layer's bookkeeping is written for size, below it for few operations
 HEAD_ROWS = 100  # the output layer scores at most a pass's positions of a batch; wider layers see whole prompts
 WIDE_ROWS = (2, 17, 256, 300, 1500, 3000)  # a wide layer's row counts (cross-attention keys of encoder outputs)
@@ -69,17 +71,19 @@ _CHOSEN: dict[tuple, tuple[str, Way]] = {}
 
 def row_exact(way: Way, out: int, inp: int, dtype: torch.dtype, device: torch.device, counts: tuple[int, ...]
               ) -> bool:
-    """Whether ``way`` gives a row the same bits alone and as the first, middle or last of ``counts`` rows."""
+    """Whether ``way`` gives each of :data:`PROBE_EACH` rows the same bits alone as first or last of ``counts`` rows.
+    Every output of those rows is compared: two kernels that sum in other orders differ only where the rounding to
+    the output's type falls apart (a few outputs in 10,000 in bfloat16), which one row alone often misses (on a Xeon
+    with AMX a 2-row call's kernel differed from a 1-row call's in 3 of 51865 outputs of a row, 2026-11-28)."""
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(out, inp, generator=g) / inp ** 0.5).to(device, dtype)
     x = torch.randn(max(counts), inp, generator=g).to(device, dtype)
-    alone = way(x[:1], w)[0]
+    alone = torch.cat([way(x[i:i + 1], w) for i in range(PROBE_EACH)])
     for m in counts:
-        for at in {0, m // 2, m - 1}:
-            rows = x[:m].clone()
-            rows[[0, at]] = x[[at, 0]]
-            if not torch.equal(way(rows, w)[at], alone):
-                return False
+        r = min(m, PROBE_EACH)
+        if not (torch.equal(way(x[:m], w)[:r], alone[:r])
+                and torch.equal(way(torch.roll(x[:m], m - r, 0), w)[m - r:], alone[:r])):
+            return False
     return True
 
 
@@ -108,7 +112,8 @@ def _ways_file() -> Path:
     from .sources import cache_dir
 
     cpu = machine("cpu").rsplit(",", 1)[0]  # the thread count is part of each entry's name
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{cpu} torch {torch.__version__}").strip("_")[:150]
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")  # oneDNN's kernels (AMX or not) are the machine's too
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{cpu} torch {torch.__version__} {isa} probe {PROBE}").strip("_")[:150]
     return cache_dir() / "exact-ways" / f"{slug}.json"
 
 
