@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import DEV
 
 from asr_spec.audio import load_audio
@@ -12,7 +13,7 @@ from asr_spec.decoding.sampling import Sampler
 from asr_spec.decoding.static import run_decode
 from asr_spec.features import log_mel, window
 from asr_spec.models.compute import ComputeTypeError, int8_kernels, resolve_compute_type, runnable
-from asr_spec.models.linear import CUDA_ROWS, Int8, in_blocks
+from asr_spec.models.linear import CUDA_ROWS, Int8, in_blocks, in_slices
 from asr_spec.models.loader import ModelOptions, default_draft, load, load_draft, load_target
 from asr_spec.models.pair import Pair
 from asr_spec.models.sources import ModelError
@@ -83,6 +84,18 @@ def test_float_layers_in_fixed_blocks_give_each_row_the_same_bits_in_any_company
         assert out.shape == (m, 384) and torch.equal(out[0], alone[0]), m
         assert torch.equal(out[-1], in_blocks(x[m - 1:m], w, CUDA_ROWS)[0]), m
     assert torch.allclose(in_blocks(x, w, CUDA_ROWS), x @ w.t(), atol=1e-4)
+
+
+def test_a_layer_in_slices_is_the_product_a_call_per_slice():
+    """``in_slices`` (the bfloat16 way where kernels change from ~33 rows on): up to ``size`` rows one call, more a call
+    per ``size`` rows; its rows are the product's, and a row's bits are those of the slice it was computed in."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 64, generator=g)
+    x = torch.randn(70, 64, generator=g)
+    for m in (1, 32, 33, 70):
+        out = in_slices(x[:m], w, 32)
+        assert out.shape == (m, 96) and torch.allclose(out, x[:m] @ w.t(), atol=1e-4), m
+    assert torch.equal(in_slices(x, w, 32)[64:], F.linear(x[64:], w))
 
 
 def test_the_row_exact_way_is_measured_once_per_machine_and_kept_on_disk(tmp_path, monkeypatch):
