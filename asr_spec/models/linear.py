@@ -83,7 +83,7 @@ _CHOSEN: dict[tuple, tuple[str, Way]] = {}
 
 def row_exact(way: Way, out: int, inp: int, dtype: torch.dtype, device: torch.device, counts: tuple[int, ...]
               ) -> bool:
-    """Whether ``way`` gives each of :data:`PROBE_EACH` rows the same bits alone as first or last of ``counts`` rows.
+    """Whether ``way`` gives each of :data:`PROBE_EACH` rows the same bits alone and among ``counts`` rows (first, last).
     Every output of those rows is compared: two kernels that sum in other orders differ only where the rounding to
     the output's type falls apart (a few outputs in 10,000 in bfloat16), which one row alone often misses (on a Xeon
     with AMX a 2-row call's kernel differed from a 1-row call's in 3 of 51865 outputs of a row, 2026-11-28)."""
