@@ -99,7 +99,7 @@ def test_a_layer_in_slices_is_the_product_a_call_per_slice():
 
 
 def test_the_row_exact_way_is_measured_once_per_machine_and_kept_on_disk(tmp_path, monkeypatch):
-    """The first process on a machine measures a layer's row-exact way (random rows, up to 2000 of them: ~2.6 s of
+    """The first process on a machine measures a layer's row-exact way (random rows, up to 2000 of them: ~4 s of
     whisper-base's first decode) and keeps it beside the models; later processes read it and measure nothing. A
     way the file names that is not one of this type's ways is measured again."""
     import json
