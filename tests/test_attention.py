@@ -78,6 +78,23 @@ def test_attend_takes_blocks_for_bfloat16_on_a_cpu_without_amx(monkeypatch):
     assert torch.equal(attend(q, k, v), fused)
 
 
+def test_amx_counts_only_where_onednn_may_use_it(tmp_path, monkeypatch):
+    """The fused bfloat16 attention (and serve's sessions per core) follow AMX as oneDNN sees it: a CPU with AMX tiles
+    whose user left AMX out with ``ONEDNN_MAX_CPU_ISA`` computes as a CPU without them."""
+    from asr_spec.models.compute import amx
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("flags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\n")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    assert amx(cpuinfo=str(cpuinfo))
+    for isa, expected in (("AVX512_CORE_AMX", True), ("ALL", True), ("AVX512_CORE_BF16", False), ("avx2", False)):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
+        assert amx(cpuinfo=str(cpuinfo)) is expected, isa
+    cpuinfo.write_text("flags\t\t: fpu avx512f avx512_bf16\n")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "ALL")
+    assert not amx(cpuinfo=str(cpuinfo)) and not amx("cuda", cpuinfo=str(cpuinfo))
+
+
 def test_an_exact_decoder_attends_in_blocks_only_where_the_cpu_keeps_rows_apart(monkeypatch):
     q, k, v = _qkv(dtype=torch.bfloat16)
     monkeypatch.setattr(network, "_FUSED_BFLOAT16", False)
