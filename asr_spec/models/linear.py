@@ -7,8 +7,8 @@ CPU float32 products differ from 2 rows on; cuBLAS's on CUDA; eval/experiments/e
 
 - **fixed blocks**: every call multiplies blocks of exactly ``size`` rows (zero rows added to the last), so every
   call runs the one kernel of that shape and rows, which never mix in a product, keep their bits;
-- **a kernel that is row-exact at every count** (torch's bfloat16 products on the CPUs measured here), the fastest
-  when there is one.
+- **a kernel that is row-exact at every count** (torch's bfloat16 products on the CPUs measured here; oneDNN's with
+  the weight packed once for one-row calls), the fastest when there is one.
 
 Which way is row-exact is a property of the machine's kernels, so on a CPU it is measured, not assumed: for each
 layer shape, dtype, thread count and oneDNN's kernel set, :func:`exact_way` tries the ways fastest-first on random
@@ -24,7 +24,7 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +34,7 @@ CUDA_ROWS = 256  # a GPU's decode step is bound by its weights and its launches,
 # row counts a way is tried at (the output layer: to 100): every count to 33, where kernels change by count (AMX)
 PROBE_ROWS = (*range(2, 34), 100, 300, 2000)
 PROBE_EACH = 16  # rows compared, each computed alone and among the others
-PROBE = 2  # the probe's version, part of the kept file's name: a stronger probe measures again
+PROBE = 3  # the probe's version, part of the kept file's name: a stronger probe measures again
 WIDE_CALL = 64  # rows from which an int8 layer's bookkeeping is written for size, below it for few operations
 HEAD_ROWS = 100  # the output layer scores at most a pass's positions of a batch; wider layers see whole prompts
 WIDE_ROWS = (2, 17, 256, 300, 1500, 3000)  # a wide layer's row counts (cross-attention keys of encoder outputs)
@@ -65,20 +65,39 @@ def in_slices(rows: torch.Tensor, weight: torch.Tensor, size: int) -> torch.Tens
     return torch.cat([F.linear(part, weight) for part in rows.split(size)])
 
 
-Way = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (rows [m, in], weight [out, in]) -> [m, out]
+def packed(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` reordered once into oneDNN's layout for one-row calls (an opaque tensor for :func:`on_packed`)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+
+
+def on_packed(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``rows @ weight.T`` with a weight from :func:`packed`: oneDNN's product without reordering the weight at every
+    call, as ``F.linear`` does for bfloat16 (a Xeon with AMX, 2 threads, one row: the output layer 1.2 against 2.7 ms,
+    a 2048x512 layer 102 against 157 us)."""
+    return torch.ops.mkldnn._linear_pointwise(rows, weight, None, "none", [], "")
+
+
+class Way(NamedTuple):
+    """One way to compute ``rows @ weight.T`` [m, out]: ``call(rows, prepare(weight))``, the weight prepared once."""
+    name: str
+    call: Callable[[torch.Tensor, Any], torch.Tensor]
+    prepare: Callable[[torch.Tensor], Any] = lambda weight: weight
+
+
 # per float type, fastest first on the CPUs measured (2 threads; the 51865-row output layer, 1 / 4 / 32 rows, ms):
 # float32 weight @ x.T in blocks of 4: 2.4 / 2.4 / 19 (unblocked: 2.1 / 2.6 / 15, not row-exact); bfloat16
-# F.linear: 1.7 / 1.7 / 3 (weight @ x.T: 3.8 / 3.9 / 9)
-WAYS: dict[torch.dtype, list[tuple[str, Way]]] = {
-    torch.float32: [("weight @ x.T in blocks of 4", lambda x, w: in_blocks(x, w, 4, streamed=True)),
-                    ("F.linear in blocks of 16", lambda x, w: in_blocks(x, w, 16))],
+# packed 1.1 / 1.1 / - (Xeon with AMX), F.linear: 1.7 / 1.7 / 3 (weight @ x.T: 3.8 / 3.9 / 9)
+WAYS: dict[torch.dtype, list[Way]] = {
+    torch.float32: [Way("weight @ x.T in blocks of 4", lambda x, w: in_blocks(x, w, 4, streamed=True)),
+                    Way("F.linear in blocks of 16", lambda x, w: in_blocks(x, w, 16))],
 }
-WAYS[torch.bfloat16] = WAYS[torch.float16] = [("F.linear", lambda x, w: F.linear(x, w)),
-                                              ("F.linear per 32 rows", lambda x, w: in_slices(x, w, 32)),
-                                              ("F.linear in blocks of 16", lambda x, w: in_blocks(x, w, 16))]
+WAYS[torch.float16] = [Way("F.linear", lambda x, w: F.linear(x, w)),
+                       Way("F.linear per 32 rows", lambda x, w: in_slices(x, w, 32)),
+                       Way("F.linear in blocks of 16", lambda x, w: in_blocks(x, w, 16))]
+WAYS[torch.bfloat16] = [Way("oneDNN, packed for one row", on_packed, packed), *WAYS[torch.float16]]
 # wide layers (the cross-attention keys and values of whole encoder outputs, hundreds of rows and more)
-WIDE_WAYS = [("F.linear", lambda x, w: F.linear(x, w)), ("F.linear in blocks of 256", lambda x, w: in_blocks(x, w, 256))]
-_CHOSEN: dict[tuple, tuple[str, Way]] = {}
+WIDE_WAYS = [Way("F.linear", lambda x, w: F.linear(x, w)), Way("F.linear in blocks of 256", lambda x, w: in_blocks(x, w, 256))]
+_CHOSEN: dict[tuple, Way] = {}
 
 
 def row_exact(way: Way, out: int, inp: int, dtype: torch.dtype, device: torch.device, counts: tuple[int, ...]
@@ -88,33 +107,36 @@ def row_exact(way: Way, out: int, inp: int, dtype: torch.dtype, device: torch.de
     the output's type falls apart (a few outputs in 10,000 in bfloat16), which one row alone often misses (on a Xeon
     with AMX a 2-row call's kernel differed from a 1-row call's in 3 of 51865 outputs of a row, 2026-11-28)."""
     g = torch.Generator().manual_seed(0)
-    w = (torch.randn(out, inp, generator=g) / inp ** 0.5).to(device, dtype)
     x = torch.randn(max(counts), inp, generator=g).to(device, dtype)
-    alone = torch.cat([way(x[i:i + 1], w) for i in range(PROBE_EACH)])
-    for m in counts:
-        r = min(m, PROBE_EACH)
-        if not (torch.equal(way(x[:m], w)[:r], alone[:r])
-                and torch.equal(way(torch.roll(x[:m], m - r, 0), w)[m - r:], alone[:r])):
-            return False
+    try:  # a way this machine's torch cannot run (oneDNN's packed products elsewhere) is not this machine's
+        w = way.prepare((torch.randn(out, inp, generator=g) / inp ** 0.5).to(device, dtype))
+        alone = torch.cat([way.call(x[i:i + 1], w) for i in range(PROBE_EACH)])
+        for m in counts:
+            r = min(m, PROBE_EACH)
+            if not (torch.equal(way.call(x[:m], w)[:r], alone[:r])
+                    and torch.equal(way.call(torch.roll(x[:m], m - r, 0), w)[m - r:], alone[:r])):
+                return False
+    except RuntimeError:
+        return False
     return True
 
 
-def exact_way(out: int, inp: int, dtype: torch.dtype, device: torch.device, wide: bool = False) -> tuple[str, Way]:
+def exact_way(out: int, inp: int, dtype: torch.dtype, device: torch.device, wide: bool = False) -> Way:
     """The fastest row-exact way for a layer of that shape here, measured once per machine (CPU model, torch version,
     shape, type and thread count) and kept on disk (:func:`measured_ways`): later processes measure nothing.
     ``wide``: for calls of hundreds of rows and more (encoder outputs)."""
     if device.type == "cuda":
-        return f"blocks of {CUDA_ROWS}", lambda x, w: in_blocks(x, w, CUDA_ROWS)
+        return Way(f"blocks of {CUDA_ROWS}", lambda x, w: in_blocks(x, w, CUDA_ROWS))
     key = (out, inp, dtype, device.type, torch.get_num_threads(), wide)
     if key not in _CHOSEN:
         ways = WIDE_WAYS if wide else WAYS[dtype]
         kept = measured_ways()
         name = f"{out}x{inp} {str(dtype).removeprefix('torch.')} {torch.get_num_threads()} threads{' wide' * wide}"
-        way = next((w for w in ways if w[0] == kept.get(name)), None)
+        way = next((w for w in ways if w.name == kept.get(name)), None)
         if way is None:
             counts = WIDE_ROWS if wide else tuple(m for m in PROBE_ROWS if out <= 8 * inp or m <= HEAD_ROWS)
-            way = next((w for w in ways if row_exact(w[1], out, inp, dtype, device, counts)), ways[-1])
-            keep_way(name, way[0])
+            way = next((w for w in ways if row_exact(w, out, inp, dtype, device, counts)), ways[-1])
+            keep_way(name, way.name)
         _CHOSEN[key] = way
     return _CHOSEN[key]
 
@@ -151,23 +173,34 @@ def keep_way(name: str, way: str) -> None:
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, wide: bool = False
             ) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``, each row's result independent of the other rows (see :func:`exact_way`)."""
+    """``F.linear(x, weight, bias)``, each row's result independent of the other rows (see :func:`exact_way`); the
+    weight prepared at every call (:class:`Dense` prepares it once)."""
+    way = exact_way(*weight.shape, weight.dtype, weight.device, wide)
+    return _apply(way, x, way.prepare(weight), bias, weight.shape[0])
+
+
+def _apply(way: Way, x: torch.Tensor, prepared: Any, bias: torch.Tensor | None, out: int) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1]).contiguous()  # a strided view takes other kernels (other bits)
     # contiguous out: elementwise operations after it take other paths (other bits) over a transposed layout
-    y = exact_way(*weight.shape, weight.dtype, weight.device, wide)[1](rows, weight).contiguous()
+    y = way.call(rows, prepared).contiguous()
     if bias is not None:
         y = y + bias
-    return y.reshape(*x.shape[:-1], weight.shape[0])
+    return y.reshape(*x.shape[:-1], out)
 
 
 class Dense:
-    """A linear layer applied with :func:`project` in the weights' own precision (``wide``: see :func:`exact_way`)."""
+    """A linear layer applied as :func:`project` does in the weights' own precision, its weight prepared for the
+    chosen way once (``wide``: see :func:`exact_way`)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, wide: bool = False):
         self.weight, self.bias, self.wide = weight, bias, wide
+        self._prepared: tuple[str, Any] = ("", None)  # (way's name, its weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return project(x, self.weight, self.bias, self.wide)
+        way = exact_way(*self.weight.shape, self.weight.dtype, self.weight.device, self.wide)
+        if way.name != self._prepared[0]:  # the first call, or another thread count
+            self._prepared = (way.name, way.prepare(self.weight))
+        return _apply(way, x, self._prepared[1], self.bias, self.weight.shape[0])
 
     def fixed(self, x: torch.Tensor) -> torch.Tensor:
         """One ``F.linear``, for calls whose shape never changes: a row's bits then depend on that shape only (a
