@@ -113,7 +113,7 @@ def _build() -> SimpleNamespace:
     drafts = {
         "noisy": (noisy, memory),
         "unrelated": (CachedDecoder(other.model.decoder, other.proj_out.weight), other_memory),
-        "shortlist": (CachedDecoder(noisy.decoder, noisy.head_w[ids], head_ids=ids), memory),
+        "shortlist": (CachedDecoder(noisy.decoder, noisy.decoder.embed_tokens.weight[ids], head_ids=ids), memory),
     }
     return SimpleNamespace(target=CachedDecoder(hf.model.decoder, hf.proj_out.weight), memory=memory,
                            prompts=prompts, out=out, tokens=tokens, ended=ended, sum_logprob=sum_logprob,

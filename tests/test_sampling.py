@@ -145,7 +145,7 @@ def test_the_same_seed_gives_the_same_tokens_at_any_draft_length():
     """Target alone, K = 1 and 3, drafting stopped early, a chosen draft length, a shortlist draft and hints:
     row for row the same 6 sampled tokens; another seed gives other tokens."""
     ids = torch.tensor(sorted(set(range(0, V, 3)) | {VOCAB.eot, VOCAB.no_timestamps}))
-    short = CachedDecoder(DRAFT.decoder, DRAFT.head_w[ids], head_ids=ids)
+    short = CachedDecoder(DRAFT.decoder, DRAFT.decoder.embed_tokens.weight[ids], head_ids=ids)
     memory = Pair(MEMORY.expand(64, -1, -1), MEMORY.expand(64, -1, -1))
 
     def run(draft, k, seed=5, hint=(), stop_below=0.0, costs=None):
@@ -196,7 +196,7 @@ def test_adaptive_draft_length_keeps_sampling_exact():
 def test_a_reduced_vocabulary_draft_keeps_sampling_exact():
     """The draft proposes among 18 of the 48 tokens (its own columns); the target still gets p exactly."""
     ids = torch.tensor(sorted(set(range(0, V, 3)) | {VOCAB.eot, VOCAB.no_timestamps}))
-    short = CachedDecoder(DRAFT.decoder, DRAFT.head_w[ids], head_ids=ids)
+    short = CachedDecoder(DRAFT.decoder, DRAFT.decoder.embed_tokens.weight[ids], head_ids=ids)
     samples = sampled(Sampler(1.0, seed=5), 3, draft=short)
     assert {s[0] for s in samples} - set(ids.tolist())  # the target's corrections reach other tokens
     assert_exact(samples, exact_joint(1.0))

@@ -233,13 +233,12 @@ class CachedDecoder:
             head = head[order]
         self.head_ids = head_ids
         self.columns = Columns(head_ids)
-        self.head_w = head.detach().to(self.dtype)
-        self.head = linear(self.head_w)
+        self.head = linear(head.detach().to(self.dtype))
         self.max_positions = decoder.embed_positions.weight.shape[0]
 
     @property
     def device(self) -> torch.device:
-        return self.head_w.device
+        return self.final_norm.weight.device
 
     @torch.inference_mode()
     def new_cache(self, encoder_out: torch.Tensor, capacity: int, lengths: list[int] | None = None,

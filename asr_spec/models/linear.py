@@ -40,18 +40,20 @@ HEAD_ROWS = 100  # the output layer scores at most a pass's positions of a batch
 WIDE_ROWS = (2, 17, 256, 300, 1500, 3000)  # a wide layer's row counts (cross-attention keys of encoder outputs)
 
 
-def in_blocks(rows: torch.Tensor, weight: torch.Tensor, size: int, streamed: bool = False) -> torch.Tensor:
+def in_blocks(rows: torch.Tensor, weight: Any, size: int, streamed: bool = False,
+              product: Callable[[torch.Tensor, Any], torch.Tensor] | None = None) -> torch.Tensor:
     """``rows @ weight.T`` [m, n], multiplied in blocks of exactly ``size`` rows (zero rows added to the last).
     ``streamed``: each block as ``weight @ block.T``, all blocks in one batched product (on a CPU this streams the
     weight at full memory bandwidth for a few rows, where ``block @ weight.T`` picks kernels 1.5-5x slower in
-    float32)."""
+    float32). ``product``: each block as ``product(block, weight)`` (a prepared weight's)."""
     m = rows.shape[0]
     n = -(-m // size)
     blocks = F.pad(rows, (0, 0, 0, n * size - m)).view(n, size, -1)
     if streamed:
         out = torch.bmm(weight.expand(n, *weight.shape), blocks.transpose(1, 2)).transpose(1, 2)
     else:
-        out = torch.cat([b @ weight.t() for b in blocks]) if n > 1 else blocks[0] @ weight.t()
+        product = product or (lambda b, w: b @ w.t())
+        out = torch.cat([product(b, weight) for b in blocks]) if n > 1 else product(blocks[0], weight)
     return out.reshape(n * size, -1)[:m]
 
 
@@ -65,15 +67,16 @@ def in_slices(rows: torch.Tensor, weight: torch.Tensor, size: int) -> torch.Tens
     return torch.cat([F.linear(part, weight) for part in rows.split(size)])
 
 
-def packed(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` reordered once into oneDNN's layout for one-row calls (an opaque tensor for :func:`on_packed`)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+def packed(weight: torch.Tensor, rows: int = 1) -> torch.Tensor:
+    """``weight`` reordered once into oneDNN's layout for calls of ``rows`` rows (an opaque tensor for
+    :func:`on_packed`)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
 
 def on_packed(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``rows @ weight.T`` with a weight from :func:`packed`: oneDNN's product without reordering the weight at every
-    call, as ``F.linear`` does for bfloat16 (a Xeon with AMX, 2 threads, one row: the output layer 1.2 against 2.7 ms,
-    a 2048x512 layer 102 against 157 us)."""
+    call, as ``F.linear`` does (a Xeon with AMX, 2 threads, one row of the output layer: bfloat16 1.2 against 2.7 ms,
+    float32 3.2 against 7.9 ms for ``weight @ x.T`` in blocks of 4)."""
     return torch.ops.mkldnn._linear_pointwise(rows, weight, None, "none", [], "")
 
 
@@ -85,10 +88,15 @@ class Way(NamedTuple):
 
 
 # per float type, fastest first on the CPUs measured (2 threads; the 51865-row output layer, 1 / 4 / 32 rows, ms):
-# float32 weight @ x.T in blocks of 4: 2.4 / 2.4 / 19 (unblocked: 2.1 / 2.6 / 15, not row-exact); bfloat16
-# packed 1.1 / 1.1 / - (Xeon with AMX), F.linear: 1.7 / 1.7 / 3 (weight @ x.T: 3.8 / 3.9 / 9)
+# float32 packed 3.2 / 3.5 / - (Xeon with AMX, weights not in cache), weight @ x.T in blocks of 4: 2.4 / 2.4 / 19
+# (unblocked: 2.1 / 2.6 / 15, not row-exact); bfloat16 packed 1.1 / 1.1 / - (Xeon with AMX), F.linear: 1.7 / 1.7 / 3
+# (weight @ x.T: 3.8 / 3.9 / 9). oneDNN packed for 4 rows in float32 is row-exact on a Xeon with AMX for every
+# whisper-base layer but fc2 (512x2048), which blocks of 4 rows keep exact.
 WAYS: dict[torch.dtype, list[Way]] = {
-    torch.float32: [Way("weight @ x.T in blocks of 4", lambda x, w: in_blocks(x, w, 4, streamed=True)),
+    torch.float32: [Way("oneDNN, packed for 4 rows", on_packed, lambda w: packed(w, 4)),
+                    Way("oneDNN, packed for 4 rows, in blocks of 4", lambda x, w: in_blocks(x, w, 4, product=on_packed),
+                        lambda w: packed(w, 4)),
+                    Way("weight @ x.T in blocks of 4", lambda x, w: in_blocks(x, w, 4, streamed=True)),
                     Way("F.linear in blocks of 16", lambda x, w: in_blocks(x, w, 16))],
 }
 WAYS[torch.float16] = [Way("F.linear", lambda x, w: F.linear(x, w)),
@@ -193,14 +201,18 @@ class Dense:
     chosen way once (``wide``: see :func:`exact_way`)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, wide: bool = False):
-        self.weight, self.bias, self.wide = weight, bias, wide
+        self.weight: torch.Tensor | None = weight  # None while a packed copy (:func:`packed`) holds it
+        self.bias, self.wide = bias, wide
+        self.shape, self.dtype, self.device = weight.shape, weight.dtype, weight.device
         self._prepared: tuple[str, Any] = ("", None)  # (way's name, its weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        way = exact_way(*self.weight.shape, self.weight.dtype, self.weight.device, self.wide)
+        way = exact_way(*self.shape, self.dtype, self.device, self.wide)
         if way.name != self._prepared[0]:  # the first call, or another thread count
-            self._prepared = (way.name, way.prepare(self.weight))
-        return _apply(way, x, self._prepared[1], self.bias, self.weight.shape[0])
+            weight = self.weight if self.weight is not None else self._prepared[1].to_dense()
+            self._prepared = (way.name, way.prepare(weight))
+            self.weight = weight if self._prepared[1] is weight else None  # not kept twice
+        return _apply(way, x, self._prepared[1], self.bias, self.shape[0])
 
     def fixed(self, x: torch.Tensor) -> torch.Tensor:
         """One ``F.linear``, for calls whose shape never changes: a row's bits then depend on that shape only (a
