@@ -147,8 +147,27 @@ def test_the_row_exact_way_is_measured_once_per_machine_and_kept_on_disk(tmp_pat
     monkeypatch.setattr(linear, "_CHOSEN", {})
     measured = []
     monkeypatch.setattr(linear, "row_exact", lambda *a, **k: measured.append(1) or True)
-    assert linear.exact_way(96, 64, torch.float32, torch.device("cpu"))[0] == linear.WAYS[torch.float32][0][0]
+    assert linear.exact_way(96, 64, torch.float32, torch.device("cpu")).name in [w.name for w in linear.WAYS[torch.float32]]
     assert measured
+
+
+def test_the_ways_are_tried_in_the_order_of_their_speed_here(tmp_path, monkeypatch):
+    """The ways' order measured on one CPU need not be another's (oneDNN's packed bfloat16 products are fast with
+    AMX): a way listed first but slower here loses to a faster row-exact one."""
+    import time
+
+    from asr_spec.models import linear
+
+    def slow(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.002)
+        return in_blocks(x, w, 4)
+
+    ways = [linear.Way("slow", slow), linear.Way("fast", lambda x, w: in_blocks(x, w, 4))]
+    monkeypatch.setenv("ASR_SPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(linear, "_CHOSEN", {})
+    monkeypatch.setitem(linear.WAYS, torch.float32, ways)
+    assert linear.step_seconds(ways[0], 96, 64, torch.float32, torch.device("cpu")) > 0.004
+    assert linear.exact_way(96, 64, torch.float32, torch.device("cpu")).name == "fast"
 
 
 def test_the_row_exact_probe_sees_one_output_of_one_row_change_in_company():

@@ -11,8 +11,9 @@ CPU float32 products differ from 2 rows on; cuBLAS's on CUDA; eval/experiments/e
   the weight packed once for one-row calls), the fastest when there is one.
 
 Which way is row-exact is a property of the machine's kernels, so on a CPU it is measured, not assumed: for each
-layer shape, dtype, thread count and oneDNN's kernel set, :func:`exact_way` tries the ways fastest-first on random
-rows (16 rows each alone, and first and last among 2..2000 rows) and keeps the first that never differs. On CUDA, blocks of
+layer shape, dtype, thread count and oneDNN's kernel set, :func:`exact_way` tries the ways on random
+rows (16 rows each alone, and first and last among 2..2000 rows), fastest first as timed here for a decode step's
+rows, and keeps the first that never differs. On CUDA, blocks of
 ``CUDA_ROWS`` rows (H200: float16 speculative text differed from target-only on 3 of 65 dev utterances before).
 int8 layers (:class:`Int8`) are exact by construction: each row is quantized with its own scale and summed in
 integers.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -129,10 +131,31 @@ def row_exact(way: Way, out: int, inp: int, dtype: torch.dtype, device: torch.de
     return True
 
 
+def step_seconds(way: Way, out: int, inp: int, dtype: torch.dtype, device: torch.device) -> float:
+    """What ``way`` takes here for a decode step's rows: one row and four (a verify pass), the median of 5 calls each
+    after a first (inf where this machine's torch cannot run it)."""
+    g = torch.Generator().manual_seed(1)
+    try:
+        w = way.prepare((torch.randn(out, inp, generator=g) / inp ** 0.5).to(device, dtype))
+        total = 0.0
+        for m in (1, 4):
+            x = torch.randn(m, inp, generator=g).to(device, dtype)
+            way.call(x, w)
+            times = []
+            for _ in range(5):
+                t = time.perf_counter()
+                way.call(x, w)
+                times.append(time.perf_counter() - t)
+            total += sorted(times)[2]
+        return total
+    except RuntimeError:
+        return float("inf")
+
+
 def exact_way(out: int, inp: int, dtype: torch.dtype, device: torch.device, wide: bool = False) -> Way:
-    """The fastest row-exact way for a layer of that shape here, measured once per machine (CPU model, torch version,
-    shape, type and thread count) and kept on disk (:func:`measured_ways`): later processes measure nothing.
-    ``wide``: for calls of hundreds of rows and more (encoder outputs)."""
+    """The fastest row-exact way for a layer of that shape here (:func:`step_seconds`, :func:`row_exact`), measured
+    once per machine (CPU model, torch version, shape, type and thread count) and kept on disk
+    (:func:`measured_ways`): later processes measure nothing. ``wide``: for calls of hundreds of rows and more (encoder outputs)."""
     if device.type == "cuda":
         return Way(f"blocks of {CUDA_ROWS}", lambda x, w: in_blocks(x, w, CUDA_ROWS))
     key = (out, inp, dtype, device.type, torch.get_num_threads(), wide)
@@ -143,6 +166,8 @@ def exact_way(out: int, inp: int, dtype: torch.dtype, device: torch.device, wide
         way = next((w for w in ways if w.name == kept.get(name)), None)
         if way is None:
             counts = WIDE_ROWS if wide else tuple(m for m in PROBE_ROWS if out <= 8 * inp or m <= HEAD_ROWS)
+            if not wide:  # the order measured elsewhere need not be this CPU's (oneDNN's packed bfloat16 without AMX)
+                ways = sorted(ways, key=lambda w: step_seconds(w, out, inp, dtype, device))
             way = next((w for w in ways if row_exact(w, out, inp, dtype, device, counts)), ways[-1])
             keep_way(name, way.name)
         _CHOSEN[key] = way
