@@ -26,8 +26,9 @@ from .compute import amx, int8_kernels, native_bfloat16
 from .kv_decoder import CachedDecoder
 
 # the code whose costs a kept measurement reflects: one of another revision is measured again (2: bfloat16 attention
-# taken apart in encoders and decoders, 2026-11-28: bfloat16 from 6 % to 2 % slower than int8_bfloat16 on an AVX512-BF16 EPYC)
-REVISION = 2
+# taken apart in encoders and decoders, 2026-11-28: bfloat16 from 6 % to 2 % slower than int8_bfloat16 on an AVX512-BF16 EPYC;
+# 3: float layers as oneDNN's products on weights packed once, 2026-11-29: bfloat16 and float32 decoder passes faster)
+REVISION = 3
 PASSES = 12  # speculative passes per window: a dev utterance's 26 tokens at ~2.2 per pass
 K = 3  # draft steps per pass (the default draft length)
 
