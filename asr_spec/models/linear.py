@@ -89,7 +89,8 @@ class Way(NamedTuple):
     prepare: Callable[[torch.Tensor], Any] = lambda weight: weight
 
 
-# per float type, fastest first on the CPUs measured (2 threads; the 51865-row output layer, 1 / 4 / 32 rows, ms):
+# per float type, tried in the order of their speed here (:func:`step_seconds`); as measured (2 threads; the 51865-row
+# output layer, 1 / 4 / 32 rows, ms):
 # float32 packed 3.2 / 3.5 / - (Xeon with AMX, weights not in cache), weight @ x.T in blocks of 4: 2.4 / 2.4 / 19
 # (unblocked: 2.1 / 2.6 / 15, not row-exact); bfloat16 packed 1.1 / 1.1 / - (Xeon with AMX), F.linear: 1.7 / 1.7 / 3
 # (weight @ x.T: 3.8 / 3.9 / 9). oneDNN packed for 4 rows in float32 is row-exact on a Xeon with AMX for every
@@ -155,7 +156,8 @@ def step_seconds(way: Way, out: int, inp: int, dtype: torch.dtype, device: torch
 def exact_way(out: int, inp: int, dtype: torch.dtype, device: torch.device, wide: bool = False) -> Way:
     """The fastest row-exact way for a layer of that shape here (:func:`step_seconds`, :func:`row_exact`), measured
     once per machine (CPU model, torch version, shape, type and thread count) and kept on disk
-    (:func:`measured_ways`): later processes measure nothing. ``wide``: for calls of hundreds of rows and more (encoder outputs)."""
+    (:func:`measured_ways`): later processes measure nothing. ``wide``: for calls of hundreds of rows and more
+    (encoder outputs)."""
     if device.type == "cuda":
         return Way(f"blocks of {CUDA_ROWS}", lambda x, w: in_blocks(x, w, CUDA_ROWS))
     key = (out, inp, dtype, device.type, torch.get_num_threads(), wide)
