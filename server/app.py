@@ -40,6 +40,7 @@ from starlette.websockets import WebSocket
 from asr_spec.models.loader import Draft, Whisper
 from asr_spec.recognizer import Recognizer
 from asr_spec.streaming.engine import Engine
+from asr_spec.threads import release_pool
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 log = logging.getLogger("asr_spec.serve")
@@ -57,6 +58,9 @@ class Server:
         if files is not None:
             files.live = self._live.is_set
         self.connections: dict[WebSocket, StreamSession] = {}
+        # the thread that built the models hands its torch work to the inference thread: its OpenMP workers end, and
+        # the inference thread's are the process's (else every decode operator waits for sleeping workers: threads.py)
+        release_pool()
         self.clients: Counter[tuple[str, str]] = Counter()  # open connections per ("address" | "key", value)
         self._stop = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None

@@ -15,6 +15,7 @@ import numpy as np
 
 from asr_spec.audio import AudioError
 from asr_spec.recognizer import temperature_ladder
+from asr_spec.threads import release_pool
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 log = logging.getLogger("asr_spec.serve")
@@ -103,6 +104,8 @@ class FileWorker:
 
     def _yield(self) -> None:
         t0 = time.monotonic()
+        if self.live():  # the live streams' decoding thread runs the process's only OpenMP pool meanwhile (threads.py)
+            release_pool()
         while self.live() and not self._stop.is_set() and time.monotonic() - t0 < self.max_yield_s:
             time.sleep(0.005)
         self.yielded_s += time.monotonic() - t0
@@ -139,3 +142,4 @@ class FileWorker:
                 log.exception("transcription failed")
                 for future in futures.values():
                     future.set_exception(Failed(f"transcription failed: {e}"))
+            release_pool()  # idle: the process's OpenMP pool is the live streams' decoding thread's (threads.py)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 from asr_spec.server.config import ServerConfig, bearer_token, match_key
 from asr_spec.server.files import FileWorker
@@ -17,12 +17,28 @@ from starlette.requests import HTTPConnection
 from asr_spec.models.vocab import LANGUAGES
 from asr_spec.streaming.engine import Engine
 from asr_spec.streaming.events import Event
+from asr_spec.threads import release_pool
 
 
 class Listener(Protocol):
     """A started session, as the inference thread sees it: where its stream's events go."""
 
     def deliver(self, sid: int, events: list[Event], flushes: int) -> None: ...
+
+
+class SessionThreads(ThreadPoolExecutor):
+    """The session threads. A call that ran torch (a stream's voice detector is made with torch) leaves its thread
+    without OpenMP workers: the inference thread's pool stays the process's only one (asr_spec/threads.py)."""
+
+    def submit(self, fn: Callable, /, *args, **kwargs):
+        return super().submit(_released, fn, *args, **kwargs)
+
+
+def _released(fn: Callable, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        release_pool()
 
 
 @dataclass(eq=False)
@@ -34,13 +50,13 @@ class Shared:
     # started sessions by stream id (the inference thread's addressees): written through register and unregister
     sessions: dict[int, Listener] = field(default_factory=dict)
     # each session runs one call at a time here (its reader's), plus one at its close or the shutdown's drain
-    pool: ThreadPoolExecutor = field(init=False)
+    pool: SessionThreads = field(init=False)
     languages: set[str] | None = field(init=False)  # the model's language codes; None: an English-only model
     language_names: dict[str, str] | None = field(init=False)  # code -> name (OpenAI's verbose_json)
     _wake: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def __post_init__(self) -> None:
-        self.pool = ThreadPoolExecutor(max_workers=2 * self.config.max_sessions + 2,
+        self.pool = SessionThreads(max_workers=2 * self.config.max_sessions + 2,
                                        thread_name_prefix="asr_spec-session")
         self.languages = set(self.engine.recognizer.vocab.languages) or None
         self.language_names = {code: LANGUAGES.get(code, code) for code in self.languages} if self.languages else None
