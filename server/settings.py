@@ -92,7 +92,7 @@ class ServeSettings(BaseSettings):
         "auto: draft only at the batch widths where drafting was measured to pay on this machine (once, kept); "
         "on: at every width. Never changes the text"))
     threads: int = Field(0, ge=0, description=(
-        "torch CPU threads (0: one core fewer than the machine has, at least 1; torch's choice on CUDA)"))
+        "torch CPU threads (0: every core on a CPU; torch's choice on CUDA)"))
     ray: str | None = Field(None, description=(
         "serve on Ray Serve (pip install 'asr_spec[ray]'): ADDRESS such as HOST:6379, or nothing for the cluster "
         "RAY_ADDRESS names or one started here with 'ray start', else a new local one (docs/deploy.md)"))
@@ -121,14 +121,15 @@ class ServeSettings(BaseSettings):
         return 16 if self.cuda else _cores() * (2 if amx() else 1)
 
     def torch_threads(self) -> int:
-        """threads, else on a CPU one core fewer than the machine has (at least 1): the cores left serve the event
-        loop, the sockets and the clients; torch's threads wait for each other at every operation, so one of them
-        descheduled stalls them all (2-core Intel Xeon with AMX, 2026-11-25, `python eval/bench_streaming.py
-        --threads 1` vs `--threads 2`: RTF 0.48 vs 0.56 with 1 session, 0.90 vs 0.94 with 4; the same latency or
-        better). 0 (torch's choice) on CUDA."""
+        """threads, else on a CPU every core the process may use; 0 (torch's choice) on CUDA. The decoding thread
+        holds the process's only OpenMP pool (asr_spec/threads.py), so its threads no longer sleep between operators
+        and a second one pays: 2-core Xeon with AMX, 2026-11-29, `python eval/bench_streaming.py --skip-wer --threads
+        1|2`: 4 sessions final latency median 2.25-2.39 s with 1 thread against 1.69 s with 2, 8 sessions 4.05-4.22
+        against 3.00-3.13 s (eval/results/one-pool). Before that fix one thread fewer than the cores measured
+        faster."""
         if self.threads or self.cuda:
             return self.threads
-        return max(1, _cores() - 1)
+        return _cores()
 
     def batch(self) -> int:
         """max_batch, else 8 streams on a CPU (a batch's cost grows with its rows there) and 32 on CUDA (a pass over

@@ -223,8 +223,8 @@ def settings_of(*argv: str):
 
 
 def test_serve_defaults_are_the_engines_and_the_measured_ones(monkeypatch):
-    """serve's step and policy are the streaming library's defaults, its load step 3 s; on a CPU it leaves one core to the
-    event loop and admits the sessions measured to run at real time (2 per core with AMX, else 1); CUDA differs (and
+    """serve's step and policy are the streaming library's defaults, its load step 3 s; on a CPU it runs torch on every
+    core and admits the sessions measured to run at real time (2 per core with AMX, else 1); CUDA differs (and
     encodes full windows, every stream's in one call)."""
     from asr_spec.server import settings as settings_module
 
@@ -236,7 +236,7 @@ def test_serve_defaults_are_the_engines_and_the_measured_ones(monkeypatch):
                                                      StreamConfig.policy.name) == (0.5, 3.0, "alignatt")
     assert s.server_config(()).commit_policy == StreamConfig.policy
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1, 2, 3})
-    assert s.torch_threads() == 3 and settings_of("--threads", "4").torch_threads() == 4
+    assert s.torch_threads() == 4 and settings_of("--threads", "4").torch_threads() == 4
     assert settings_of("--device", "cuda").torch_threads() == 0  # torch's choice
     for has_amx, sessions in ((True, 8), (False, 4)):
         monkeypatch.setattr(settings_module, "amx", lambda *_a, has=has_amx: has)
