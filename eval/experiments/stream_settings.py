@@ -1,15 +1,15 @@
 """Streaming WER and engine time of one engine setting: how the streaming encoder's defaults were chosen.
 
-    python eval/experiments/stream_settings.py NAME [field=value ...] [--limit 65] [--long 120] [--threads 2]
+    python eval/experiments/stream_settings.py NAME [field=value ...] [--limit 65] [--long 120] [--threads 2] [--compute-type int8]
         [--texts FILE] [--dev DIR]
 
 ``field=value``: an ``EngineConfig`` field (``lookahead_s=2.0``, ``pad_s=3.0``, ``alignment=decode``,
 ``encoder_window=audio``); ``stream.field=value`` a ``StreamConfig`` one, ``policy.field=value`` one of its commit
 policy's (``policy.min_probability=0.9``). The dev utterances (the first ``--limit``)
 and the first ``--long`` seconds of the long-form talk are streamed through one engine in 0.5 s chunks at the default
-fixed step (as ``eval/bench_streaming.py``'s WER part), int8. Prints one JSON line: dev WER against the references,
+fixed step (as ``eval/bench_streaming.py``'s WER part), int8 unless told. Prints one JSON line: dev WER against the references,
 engine seconds per stream second, padded-window retries, and the long-form stream's WER against the offline text of
-the same audio (``asr_spec transcribe``'s, int8). Appends it to ``eval/out/stream_settings.jsonl``.
+the same audio (``asr_spec transcribe``'s, at the same type). Appends it to ``eval/out/stream_settings.jsonl``.
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=65)
     ap.add_argument("--long", type=float, default=120.0, help="seconds of the long-form talk (0: none)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--compute-type", default="int8", help="the decoders' type (default int8: the settings' runs)")
     ap.add_argument("--texts", type=Path, help="also write each dev utterance's streamed text here (JSON)")
     add_data_args(ap)
     args = ap.parse_args()
@@ -55,7 +56,7 @@ def main() -> None:
     stream = StreamConfig(**{k.removeprefix("stream."): value(v) for k, v in fields.items() if k.startswith("stream.")})
     stream = replace(stream, policy=replace(stream.policy, **{k.removeprefix("policy."): value(v)
                                                               for k, v in fields.items() if k.startswith("policy.")}))
-    target, draft = load(ModelOptions(compute_type="int8"))
+    target, draft = load(ModelOptions(compute_type=args.compute_type))
     tr = Transcriber(target, draft)
     engine = Engine(tr, EngineConfig(**engine_fields))
     dev = data(args, args.limit)
