@@ -186,3 +186,33 @@ def test_an_utterance_ended_by_silence_decodes_only_what_it_commits(transcriber)
     assert finals[0].end < 3.0  # the first utterance ends inside the pause
     offline = transcriber.transcribe(audio, TranscribeOptions(language="en")).text
     assert normalize(" ".join(e.text for e in finals)) == normalize(offline)
+
+
+def test_a_final_that_says_words_after_its_audio_is_decoded_again_on_a_full_window(transcriber):
+    """The last 7 s of the talk's first 75 s, cut inside a sentence and flushed: encoded at their length (the streaming
+    encoder), Whisper ended them with words nobody said ("the letter used should be for the letter.", the last
+    words aligned to the audio's last frame). Such a final is decoded again on Whisper's padded 30 s window, so it
+    says what that window hears, and none of its words starts after the audio."""
+    from asr_spec.alignment import align
+    from asr_spec.recognizer import EncoderWindow
+    from asr_spec.streaming.config import EngineConfig
+    from asr_spec.streaming.decode import RAN_PAST_S, decode_batch
+    from asr_spec.streaming.encoding import BufferEncoder, encode_whole
+    from asr_spec.streaming.request import RequestKind, StreamRequest
+
+    meta = json.loads((DEV / "longform" / "manifest.jsonl").read_text().splitlines()[0])
+    audio = load_audio(DEV / "longform" / meta["audio"])[68 * 16000: 75 * 16000]
+
+    def final(window: EncoderWindow):
+        encoder = BufferEncoder(transcriber, 2.0, 3.0) if window is EncoderWindow.STREAM else None
+        request = StreamRequest(audio, 68.0, [], "en", "transcribe", [], [], RequestKind.FINAL, encoder=encoder)
+        return decode_batch(transcriber, [request], EngineConfig(encoder_window=window))[0]
+
+    streamed, padded = final(EncoderWindow.STREAM), final(EncoderWindow.FULL)
+    tokens = streamed.result.tokens
+    text = transcriber.target.tokenizer.decode([t for t in tokens if t < transcriber.vocab.eot])
+    print(repr(text), streamed.fallbacks)
+    assert tokens == padded.result.tokens and streamed.fallbacks == 1
+    words = align(transcriber.target, encode_whole(transcriber, audio, full=True).memory, len(audio) // 160, "en",
+                  "transcribe", [tokens])[0]
+    assert words and all(w.start < len(audio) / 16000 - RAN_PAST_S for w in words), words

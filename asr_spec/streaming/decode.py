@@ -5,8 +5,8 @@ Where the device wants static decodes (``ASR_SPEC_STATIC``: CUDA by default), ev
 (``PADDED``) and the decode may run in a static decode's arena (its passes replayed as CUDA graphs): each row attends
 its own length under a mask, so its bits depend on nothing else, eager or static (decoding/static.py).
 
-A row encoded shorter than Whisper's 30 s window that looks looped, or (a committing row) fails Whisper's checks, is
-decoded again on Whisper's padded 30 s window, and a committing row that still fails them climbs the temperature ladder:
+A row encoded shorter than Whisper's 30 s window that looks looped, or (a committing row) fails Whisper's checks, or
+(a final) says words its alignment places after its audio, is decoded again on Whisper's padded 30 s window, and a committing row that still fails them climbs the temperature ladder:
 ``Recognizer.retry`` decides, as it does for files. AlignAtt's rows have their continuations aligned together, in
 one pass of the target decoder over the cross-attention keys and values the decode kept.
 """
@@ -28,10 +28,11 @@ from ..recognizer import EncoderWindow, Recognizer, Retry, pad_memories
 from .config import EngineConfig, WordTiming
 from .encoding import Encoded, encode_buffers, encode_whole, encode_windows
 from .events import Aligner
-from .request import Decoded, StreamRequest
+from .request import Decoded, RequestKind, StreamRequest
 
 log = logging.getLogger(__name__)
 PADDED = N_FRAMES // 2  # encoder positions every buffer is padded to where decodes may be static: 30 s
+RAN_PAST_S = 0.04  # a final's word that starts in this last part of its audio was not heard (two encoder positions)
 
 
 def decode_apart(rec: Recognizer, requests: list[StreamRequest], config: EngineConfig) -> list[Decoded | Exception]:
@@ -84,7 +85,7 @@ def decode_batch(rec: Recognizer, requests: list[StreamRequest], c: EngineConfig
     rounds = [_Fallback(e, not s) for e, s in zip(encoded, short)]
     todo = list(range(len(requests)))
     while todo:  # Whisper's fallback, the rows that need another decode decoded together, round by round
-        todo = [i for i in todo if _next_try(rec, requests[i], results, i, rounds[i], c)]
+        todo = [i for i in todo if _next_try(rec, requests[i], results, i, rounds[i], c, languages[i])]
         for attempt in sorted({rounds[i].attempt for i in todo}):
             group = [i for i in todo if rounds[i].attempt == attempt]
             own = [rounds[i].own for i in group]
@@ -112,11 +113,15 @@ class _Fallback:
 
 
 def _next_try(rec: Recognizer, request: StreamRequest, results: list[RowResult], i: int, f: _Fallback,
-              c: EngineConfig) -> bool:
+              c: EngineConfig, language: str | None) -> bool:
     """Whether row i's result is decoded again (``Recognizer.retry``, as for files), preparing ``f`` for it: on
-    Whisper's padded 30 s window (a looped or failing row encoded shorter; a partial is cut where it went wrong
-    instead), or at the next temperature (a committing row that fails Whisper's checks)."""
+    Whisper's padded 30 s window (a looped or failing row encoded shorter, or a final whose words run past its audio;
+    a partial is cut where it went wrong instead), or at the next temperature (a committing row that fails Whisper's
+    checks)."""
     retry = rec.retry(results[i], f.own.positions, f.padded, f.attempt, c.checks, ladder=request.final)
+    if retry is None and request.kind is RequestKind.FINAL and not f.padded \
+            and _ran_past(rec, request, results[i], f.own, language):
+        retry = Retry.PAD
     if retry is None:
         return False
     if retry is Retry.PAD and not request.final:
@@ -128,6 +133,19 @@ def _next_try(rec: Recognizer, request: StreamRequest, results: list[RowResult],
     else:
         f.attempt += 1
     return True
+
+
+def _ran_past(rec: Recognizer, request: StreamRequest, result: RowResult, own: Encoded, language: str | None) -> bool:
+    """Whether a final decoded from its buffer's own encoding says words after its audio: a word that Whisper's
+    alignment starts in the audio's last ``RAN_PAST_S`` was not heard. Encoded at its length, a buffer cut inside
+    speech (a flush) was ended with invented words ("the letter used should be for the art of the art.", all after
+    "be" aligned to the last frame) where Whisper's padded 30 s window heard "used should be"."""
+    cont = result.tokens[len(request.prefix):]
+    if not any(t < rec.vocab.eot for t in cont):
+        return False
+    words = align(rec.target, own.memory, len(request.audio) // HOP, language, request.task, [request.prefix, cont],
+                  result.cross, scored=1)[1]
+    return any(w.start >= len(request.audio) / SAMPLE_RATE - RAN_PAST_S for w in words)
 
 
 def _cut_overrun(rec: Recognizer, result: RowResult, positions: int, prefix: int) -> RowResult:
