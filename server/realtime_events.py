@@ -40,7 +40,7 @@ WHY_IGNORED = {"session": "the server sets it (a transcription session has text 
 # transcription.delay: how long AlignAtt waits before it commits a word (streaming/policy.py): its margin after a word
 # the model is sure of, the probability that counts as sure, its margin after any other word; medium is the server's.
 # Measured on the dev set: docs/realtime.md, "delay" (python eval/experiments/bench_delay.py)
-DELAYS = {"minimal": AlignAtt(0.3, 0.6, 1.5), "low": AlignAtt(0.4, 0.7, 2.0), "medium": AlignAtt(),
+DELAYS = {"minimal": AlignAtt(0.2, 0.6, 1.5), "low": AlignAtt(0.25, 0.7, 2.0), "medium": AlignAtt(),
           "high": AlignAtt(1.0, 0.9, 4.0), "xhigh": AlignAtt(2.0, 0.95, 6.0)}
 
 
