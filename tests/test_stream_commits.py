@@ -106,7 +106,7 @@ def test_alignatt_waits_longer_for_a_word_it_is_unsure_of(tokenizer):
     ends = {" ask": 0.5, " not,": 1.0, " what": 1.6, " your": 2.7, " country": 2.9}
 
     def run(seconds: float, unsure: str) -> list[str]:
-        s = _stream(tokenizer, seconds, policy=AlignAtt(margin_s=0.5))
+        s = _stream(tokenizer, seconds, policy=AlignAtt(margin_s=0.5, unsure_margin_s=3.0))
         assert s.due() is RequestKind.PARTIAL
         events = s.apply(s.request(RequestKind.PARTIAL), Decoded(_result([tb] + said), aligner=_aligner(tokenizer, ends, unsure)))
         return [e.text for e in events if e.type == "final"]
