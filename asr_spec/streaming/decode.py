@@ -6,8 +6,9 @@ Where the device wants static decodes (``ASR_SPEC_STATIC``: CUDA by default), ev
 its own length under a mask, so its bits depend on nothing else, eager or static (decoding/static.py).
 
 A row encoded shorter than Whisper's 30 s window that looks looped, or (a committing row) fails Whisper's checks, or
-(a final) says words its alignment places after its audio, is decoded again on Whisper's padded 30 s window, and a committing row that still fails them climbs the temperature ladder:
-``Recognizer.retry`` decides, as it does for files. AlignAtt's rows have their continuations aligned together, in
+(a final) says words its alignment places after its audio, is decoded again on Whisper's padded 30 s window, and a
+committing row that still fails them climbs the temperature ladder: ``Recognizer.retry`` decides, as it does for
+files. AlignAtt's rows have their continuations aligned together, in
 one pass of the target decoder over the cross-attention keys and values the decode kept.
 """
 from __future__ import annotations
