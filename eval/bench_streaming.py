@@ -2,11 +2,12 @@
 
     python eval/bench_streaming.py [--sessions 1,4,8] [--seconds 40] [--limit N] [--threads 2] [--device cpu]
                                    [--policy alignatt|local-agreement] [--step S] [--max-step S]
-                                   [--encoder-windows audio,full]
+                                   [--encoder-windows audio,full] [--stream-draft]
                                    [--skip-wer] [--dev DIR] [--out eval/out/streaming]
 
 What runs is what ``asr_spec serve`` runs with its own defaults (compute type, step, commit policy, engine
-settings: read from serve's argument parser); ``--compute-type``, ``--step`` and ``--policy`` override them.
+settings: read from serve's argument parser); ``--compute-type``, ``--step``, ``--policy`` and ``--stream-draft``
+override them.
 
 1. Streaming vs offline WER: every dev utterance and the long-form file streamed through the engine
    (0.5 s chunks, re-decoded every ``--step`` s of audio, the step fixed rather than grown with the load (which
@@ -189,6 +190,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--pad", type=float, default=None,
                     help="seconds of silence the streaming encoder encodes after each step's audio (default: the "
                     "engine's, 3)")
+    ap.add_argument("--stream-draft", action=argparse.BooleanOptionalAction, default=SERVE.stream_draft,
+                    help=f"as serve's --stream-draft (default {SERVE.stream_draft}, serve's)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="torch device, as serve's --device (cuda: serve's CUDA defaults)")
     ap.add_argument("--compute-type", default=SERVE.compute_type,
@@ -199,8 +202,8 @@ def parse_args() -> argparse.Namespace:
 
 
 def engine_config(settings: ServeSettings, args: argparse.Namespace) -> EngineConfig:
-    """serve's engine configuration from ``settings``, with ``--pad`` where given."""
-    config = settings.engine_config()
+    """serve's engine configuration from ``settings``, with ``--stream-draft`` and ``--pad`` where given."""
+    config = replace(settings.engine_config(), draft=args.stream_draft)
     return config if args.pad is None else replace(config, pad_s=args.pad)
 
 
@@ -285,7 +288,7 @@ def main() -> None:
     tr = Transcriber(target, draft)
     results: dict = {"step_s": args.step, "max_step_s": args.max_step,
                      "policy": args.policy, "encoder_windows": args.encoder_windows, "alignment": args.alignment,
-                     "pad_s": engine_config(SERVE, args).pad_s,
+                     "pad_s": engine_config(SERVE, args).pad_s, "stream_draft": args.stream_draft,
                      "threads": args.threads, "compute_type": target.precision.name}
     if not args.skip_wer:
         results |= wer_part(tr, args)

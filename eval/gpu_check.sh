@@ -50,11 +50,13 @@ for mode in ${STREAM_MODES:-auto}; do
 done
 done
 # where the live engine's time goes at a count (PROFILE_SESS=64: engine time by part, no cProfile: under cProfile 64
-# streams did not finish in 110 s on an H200 host)
+# streams did not finish in 110 s on an H200 host); PROFILE_DRAFTS="off on" also runs it with serve --stream-draft
 for n in ${PROFILE_SESS:-}; do
+for d in ${PROFILE_DRAFTS:-off}; do
   ASR_SPEC_STATIC=${PROFILE_MODE:-auto} step "${PROFILE_LIMIT:-120}" $PY eval/profile_stream.py --device "$DEVICE" \
     --compute-type "$TYPE" --sessions "$n" --seconds "${STREAM_SECONDS:-$SECS}" --threads "$THREADS" --no-cprofile \
-    > "$OUT/profile-stream-$n.txt" 2>&1
+    $([ "$d" = on ] && echo --stream-draft) > "$OUT/profile-stream-$n$([ "$d" = on ] && echo -stream-draft).txt" 2>&1
+done
 done
 [ -z "${SKIP_BUDGET:-}" ] && step 60 $PY eval/pass_budget.py --device "$DEVICE" --compute-type "$TYPE" --files "$FILES" --systems target,spec \
   --threads "$THREADS" --manifest "$MANIFEST" --out "$OUT/pass-budget.json"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -55,9 +56,9 @@ def main() -> None:
     draft = load_draft(args.draft, target) if args.draft else None
     rows = []
     for n in (int(x) for x in args.sessions.split(",") if x):
-        engine = Engine(Recognizer(target, draft), settings.engine_config())
+        engine = Engine(Recognizer(target, draft), replace(settings.engine_config(), draft=draft is not None))
         feed_unpaced(engine, [dev.session(3.0, 0).audio], CHUNK_S)  # warm-up
-        engine = Engine(Recognizer(target, draft), settings.engine_config())
+        engine = Engine(Recognizer(target, draft), replace(settings.engine_config(), draft=draft is not None))
         ops = OpCount(engine)
         audios = [dev.session(args.seconds, 5 * i).audio for i in range(n)]
         wall = feed_unpaced(engine, audios, CHUNK_S)

@@ -84,6 +84,10 @@ class ServeSettings(BaseSettings):
         "draft: 'auto' (the one shipped for the target), a directory or id (asr_spec distill output) or "
         "layers:I,J (untrained copy)"))
     no_draft: bool = Field(False, description="target-only decoding (the baseline)")
+    stream_draft: bool = Field(False, description=(
+        "live streams also draft with the draft model past their previous hypothesis (which every re-decode "
+        "proposes first); off: the draft serves uploads only, measured cheaper for streams on a CPU. Never changes "
+        "the text"))
     device: str = Field("cpu", description="torch device (cpu, cuda, ...)")
     compute_type: Literal[COMPUTE_TYPES] = Field("auto", description=(
         "precision of the whole model, CTranslate2's names (auto: the native type measured fastest here, once, "
@@ -154,12 +158,12 @@ class ServeSettings(BaseSettings):
                             self.torch_threads(), self.speculation, measure_now=False)
 
     def engine_config(self) -> EngineConfig:
-        """The streaming engine's configuration (the batch, the load step, the encoder window; the rest at the
-        engine's defaults)."""
+        """The streaming engine's configuration (the batch, the load step, the encoder window, the draft; the rest at
+        the engine's defaults)."""
         from asr_spec.streaming.config import EngineConfig
 
         return EngineConfig(max_batch=self.batch(), max_step_s=self.max_step, alignment=self.alignment,
-                            encoder_window=self.window())
+                            encoder_window=self.window(), draft=self.stream_draft)
 
     def server_config(self, api_keys: tuple[str, ...]) -> ServerConfig:
         from asr_spec.server.config import ServerConfig

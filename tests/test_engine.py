@@ -30,22 +30,28 @@ def test_streams_nearly_due_join_a_batch_that_decodes_anyway(tiny_target):
 
 
 def test_a_stream_end_to_end_is_exact_and_loses_nothing(tiny_target):
-    """A stream driven through the engine on the tiny model, with a draft and without: every event the same (a
-    stream's speculative decodes are exact, its hints and kept encoder states included); every second received
-    leaves the buffer once; finals follow each other and the last ends the utterance."""
+    """A stream driven through the engine on the tiny model without a draft, with one that drafts
+    (``EngineConfig.draft``) and with one the engine leaves to uploads (the default: its hints only): every event
+    the same (a stream's speculative decodes are exact, its hints and kept encoder states included); every second
+    received leaves the buffer once; finals follow each other and the last ends the utterance."""
     from asr_spec.models.loader import load_draft
     from asr_spec.streaming.engine import stream_audio
 
     audio = _noise(3.0, 7)
-    runs = {}
-    for name, draft in (("target", None), ("speculative", load_draft("layers:0", tiny_target))):
+    runs, drafted = {}, {}
+    draft = load_draft("layers:0", tiny_target)
+    for name, model, config in (("target", None, EngineConfig(max_step_s=0.0)),
+                                 ("speculative", draft, EngineConfig(max_step_s=0.0, draft=True)),
+                                 ("hints only", draft, EngineConfig(max_step_s=0.0))):
         stats: list = []
-        engine = Engine(Recognizer(tiny_target, draft), EngineConfig(max_step_s=0.0))
+        engine = Engine(Recognizer(tiny_target, model), config)
         events = stream_audio(engine, audio, StreamConfig(vad=False), chunk_s=0.3, stats=stats)
         runs[name] = [(e.type, e.text, round(e.start, 3), round(e.end, 3), e.end_of_utterance) for e in events]
         st = stats[0]
+        drafted[name] = st.decode.drafted
         assert st.decodes >= 5 and st.decoded_s + st.skipped_s == pytest.approx(3.0)
         finals = [e for e in events if e.type == "final"]
         assert finals and finals[-1].end_of_utterance
         assert all(a.end <= b.start + 1e-6 for a, b in zip(finals, finals[1:]))
-    assert runs["speculative"] == runs["target"]
+    assert runs["speculative"] == runs["target"] == runs["hints only"]
+    assert drafted["speculative"] > 0 and drafted["target"] == drafted["hints only"] == 0

@@ -123,7 +123,7 @@ def test_a_stream_through_the_engine_is_exact_on_the_static_path(tiny_target, dr
 
     def events(use_draft: bool) -> list[tuple]:
         engine = Engine(Recognizer(tiny_target, draft if use_draft else None),
-                        EngineConfig(max_step_s=0.0, encoder_window=window))
+                        EngineConfig(max_step_s=0.0, encoder_window=window, draft=use_draft))
         return [(e.type, e.text, round(e.start, 3), round(e.end, 3)) for e in
                 stream_audio(engine, audio, StreamConfig(vad=False), chunk_s=0.3)]
 

@@ -41,7 +41,8 @@ class Due:
 
 class Engine:
     def __init__(self, recognizer: Recognizer, config: EngineConfig = EngineConfig()):
-        self.recognizer = recognizer
+        # the streams' decodes: the recognizer's models, its draft only where ``config.draft`` asks for it
+        self.recognizer = recognizer if config.draft or recognizer.draft is None else Recognizer(recognizer.target)
         self.config = config
         self._streams: dict[int, Stream] = {}
         self._lock = threading.Lock()  # guards ``_streams`` and the streams' state
