@@ -8,6 +8,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import jiwer
@@ -24,6 +25,7 @@ from whisper_normalizer.english import EnglishTextNormalizer
 
 from asr_spec.audio import load_audio
 from asr_spec.models.loader import default_draft, load_draft
+from asr_spec.streaming.config import EngineConfig
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
@@ -39,7 +41,7 @@ def transcriber(base_model):
 
 
 @contextmanager
-def running(transcriber, engine: type[Engine] = Engine, **config):
+def running(transcriber, engine: Callable[[Transcriber], Engine] = Engine, **config):
     server = Server(engine(transcriber), ServerConfig(port=0, **config))
     ready = threading.Event()
     thread = threading.Thread(target=lambda: asyncio.run(server.serve_forever(ready)), daemon=True)
@@ -54,7 +56,10 @@ def running(transcriber, engine: type[Engine] = Engine, **config):
 
 @pytest.fixture(scope="module")
 def server(transcriber):
-    with running(transcriber, max_sessions=5, max_sessions_per_client=5, idle_timeout_s=30) as s:
+    """A server whose streams draft with the draft model too (``serve --stream-draft``): its counts reach the
+    session's totals and /metrics."""
+    with running(transcriber, lambda tr: Engine(tr, EngineConfig(draft=True)), max_sessions=5,
+                 max_sessions_per_client=5, idle_timeout_s=30) as s:
         yield s
 
 

@@ -78,8 +78,8 @@ def decode_batch(rec: Recognizer, requests: list[StreamRequest], c: EngineConfig
     # AlignAtt's rows: their words from the decode's own cross-attention, or from a pass of their own after it
     recorded = c.alignment is WordTiming.DECODE and any(r.aligns for r in requests)
     heads = tuple(alignment_heads(rec.target)) if recorded else ()
-    decode = partial(rec.decode, k=c.k, draft_stop=c.draft_stop, seed=c.checks.seed, keep_cross=True,
-                     attention_heads=heads, static=width is not None)
+    decode = partial(rec.decode, k=c.k, draft_stop=c.draft_stop, seed=c.checks.seed, use_draft=c.draft,
+                     keep_cross=True, attention_heads=heads, static=width is not None)
     short = [n < N_FRAMES // 2 for n in lengths]  # encoded shorter than 30 s: decoded again on 30 s if it loops
     results = decode(memories, [replace(row, memory_length=n, give_up=partial(rec.looping, positions=n) if s else None)
                                 for row, n, s in zip(rows, lengths, short)], cross=_cross(encoded, width))
@@ -162,7 +162,7 @@ def _cut_overrun(rec: Recognizer, result: RowResult, positions: int, prefix: int
 
 def _memories(encoded: list[Encoded], width: int | None) -> Pair[torch.Tensor]:
     """The rows' encoder outputs as one batch each (zeros after each row's length; to ``width`` where given)."""
-    draft = encoded[0].draft_memory is not None
+    draft = all(e.draft_memory is not None for e in encoded)
     return Pair(pad_memories([e.memory for e in encoded], width),
                 pad_memories([e.draft_memory for e in encoded], width) if draft else None)
 

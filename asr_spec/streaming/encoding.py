@@ -82,15 +82,16 @@ class BufferEncoder:
     """Encodes one stream's buffer, step after step (see the module's text); :func:`encode_buffers` encodes the
     buffers of several streams in one encoder forward."""
 
-    def __init__(self, recognizer: Recognizer, lookahead_s: float, pad_s: float):
+    def __init__(self, recognizer: Recognizer, lookahead_s: float, pad_s: float, drafts: bool = True):
         self.rec = recognizer
         self.lookahead, self.pad = int(lookahead_s * 100), int(pad_s * 100)  # mel frames
         self.cache = EncoderCache()
         self.top = float("-inf")  # the loudest log-mel value of the buffer so far
         self.start: float | None = None  # stream time of the buffer's start the state belongs to
         draft = recognizer.draft
+        self.drafts = drafts and draft is not None  # the decodes draft: the draft's view of the buffer is made too
         self.cross = _FrozenCross(recognizer.target.decoder)
-        self.draft_cross = _FrozenCross(draft.decoder) if draft is not None and draft.encoder is None else None
+        self.draft_cross = _FrozenCross(draft.decoder) if self.drafts and draft.encoder is None else None
 
     def encode(self, audio: np.ndarray, start: float) -> Encoded:
         """The encoder output of a buffer starting at stream time ``start`` holding ``audio`` (what was encoded of it
@@ -137,7 +138,8 @@ def encode_buffers(steps: list[tuple[BufferEncoder, np.ndarray, float]]) -> list
     memories = encode_tails(rec.target.encoder.inner, [p.tail for p in prepared])
     fresh = [m[:, p.frozen:] for m, p in zip(memories, prepared)]
     target_kv = cross_kv_of(rec.target.decoder, fresh)
-    own_draft = rec.draft is not None and rec.draft.encoder is None
+    drafts = prepared[0].encoder.drafts  # the engine's: all its streams alike
+    own_draft = drafts and rec.draft.encoder is None
     draft_kv = cross_kv_of(rec.draft.decoder, fresh) if own_draft else [None] * len(prepared)
     out = []
     for p, memory, t_kv, d_kv, (_, audio, _) in zip(prepared, memories, target_kv, draft_kv, steps):
@@ -145,7 +147,7 @@ def encode_buffers(steps: list[tuple[BufferEncoder, np.ndarray, float]]) -> list
         cross = enc.cross.extend(t_kv, p.frozen, freeze)
         if own_draft:  # a draft that reads the target's encoder output
             out.append(Encoded(memory, memory, cross, enc.draft_cross.extend(d_kv, p.frozen, freeze)))
-        elif rec.draft is None:
+        elif not drafts:
             out.append(Encoded(memory, None, cross))
         else:  # a draft with an encoder of its own
             mel = window(log_mel(audio, rec.target.n_mels), 0, 2 * memory.shape[1])[None].to(memory.device)

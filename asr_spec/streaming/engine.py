@@ -41,8 +41,7 @@ class Due:
 
 class Engine:
     def __init__(self, recognizer: Recognizer, config: EngineConfig = EngineConfig()):
-        # the streams' decodes: the recognizer's models, its draft only where ``config.draft`` asks for it
-        self.recognizer = recognizer if config.draft or recognizer.draft is None else Recognizer(recognizer.target)
+        self.recognizer = recognizer  # its draft drafts for the streams only where ``config.draft`` asks for it
         self.config = config
         self._streams: dict[int, Stream] = {}
         self._lock = threading.Lock()  # guards ``_streams`` and the streams' state
@@ -59,7 +58,7 @@ class Engine:
     # --- sessions ---------------------------------------------------------------------------------------
     def open(self, config: StreamConfig = StreamConfig()) -> int:
         c = self.config
-        encoder = BufferEncoder(self.recognizer, c.lookahead_s, c.pad_s) \
+        encoder = BufferEncoder(self.recognizer, c.lookahead_s, c.pad_s, c.draft) \
             if c.encoder_window is EncoderWindow.STREAM else None
         stream = Stream(config, self.recognizer.target.tokenizer, encoder)
         with self._lock:
