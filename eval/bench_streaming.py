@@ -2,11 +2,11 @@
 
     python eval/bench_streaming.py [--sessions 1,4,8] [--seconds 40] [--limit N] [--threads 2] [--device cpu]
                                    [--policy alignatt|local-agreement] [--step S] [--max-step S]
-                                   [--encoder-windows audio,full] [--stream-draft]
+                                   [--encoder-windows audio,full] [--[no-]stream-draft]
                                    [--skip-wer] [--dev DIR] [--out eval/out/streaming]
 
 What runs is what ``asr_spec serve`` runs with its own defaults (compute type, step, commit policy, engine
-settings: read from serve's argument parser); ``--compute-type``, ``--step``, ``--policy`` and ``--stream-draft``
+settings: read from serve's argument parser); ``--compute-type``, ``--step``, ``--policy`` and ``--[no-]stream-draft``
 override them.
 
 1. Streaming vs offline WER: every dev utterance and the long-form file streamed through the engine

@@ -50,12 +50,12 @@ for mode in ${STREAM_MODES:-auto}; do
 done
 done
 # where the live engine's time goes at a count (PROFILE_SESS=64: engine time by part, no cProfile: under cProfile 64
-# streams did not finish in 110 s on an H200 host); PROFILE_DRAFTS="off on" also runs it with serve --stream-draft
+# streams did not finish in 110 s on an H200 host); PROFILE_DRAFTS="on off" also runs it with serve --no-stream-draft
 for n in ${PROFILE_SESS:-}; do
-for d in ${PROFILE_DRAFTS:-off}; do
+for d in ${PROFILE_DRAFTS:-on}; do
   ASR_SPEC_STATIC=${PROFILE_MODE:-auto} step "${PROFILE_LIMIT:-120}" $PY eval/profile_stream.py --device "$DEVICE" \
     --compute-type "$TYPE" --sessions "$n" --seconds "${STREAM_SECONDS:-$SECS}" --threads "$THREADS" --no-cprofile \
-    $([ "$d" = on ] && echo --stream-draft) > "$OUT/profile-stream-$n$([ "$d" = on ] && echo -stream-draft).txt" 2>&1
+    $([ "$d" = off ] && echo --no-stream-draft) > "$OUT/profile-stream-$n$([ "$d" = off ] && echo -hints-only).txt" 2>&1
 done
 done
 [ -z "${SKIP_BUDGET:-}" ] && step 60 $PY eval/pass_budget.py --device "$DEVICE" --compute-type "$TYPE" --files "$FILES" --systems target,spec \

@@ -6,7 +6,7 @@ second, and the rest of the tick; then the functions that took the most time the
 
     python eval/profile_stream.py [--sessions 4] [--seconds 40] [--device cpu] [--compute-type auto]
                                   [--threads 2] [--top 25] [--encoder-window stream|audio|full] [--no-cprofile | --torch-profiler] [--ops]
-                                  [--alignment pass|decode] [--pad S] [--lookahead S] [--stream-draft]
+                                  [--alignment pass|decode] [--pad S] [--lookahead S] [--[no-]stream-draft]
                                   [--dev DIR]
 
 Per stream second: engine seconds per second of each stream's audio (the engine's total over the sessions' audio).
@@ -93,8 +93,9 @@ def main() -> None:
                     help="also count the torch operations each part dispatches per stream-step (slower: a Python call each)")
     ap.add_argument("--alignment", default=None, help="pass or decode (default: the engine's)")
     ap.add_argument("--pad", type=float, default=None, help="seconds of silence the streaming encoder adds (default: 3)")
-    ap.add_argument("--stream-draft", action="store_true", help="the streams draft with the draft model too "
-                    "(serve --stream-draft; default: their hints only)")
+    ap.add_argument("--stream-draft", action=argparse.BooleanOptionalAction, default=None,
+                    help="the streams draft with the draft model too, or (--no-stream-draft) with their hints only "
+                    "(default: serve's)")
     ap.add_argument("--lookahead", type=float, default=None, help="seconds encoded again at each step (default: 2)")
     add_data_args(ap)
     args = ap.parse_args()
@@ -104,7 +105,7 @@ def main() -> None:
     config = replace(serve.engine_config(), max_step_s=0.0)  # serve's batch and window, a fixed step
     args.encoder_window = config.encoder_window
     for name, value in (("alignment", args.alignment), ("pad_s", args.pad), ("lookahead_s", args.lookahead),
-                        ("draft", args.stream_draft or None)):
+                        ("draft", args.stream_draft)):
         if value is not None:
             config = replace(config, **{name: value})
     engine = Engine(Recognizer(target, draft), config)

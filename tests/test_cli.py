@@ -225,7 +225,7 @@ def settings_of(*argv: str):
 def test_serve_defaults_are_the_engines_and_the_measured_ones(monkeypatch):
     """serve's step and policy are the streaming library's defaults, its load step 3 s; on a CPU it runs torch on every
     core and admits the sessions measured to run at real time (2 per core with AMX, else 1); CUDA differs (and
-    encodes full windows, every stream's in one call); streams draft with their hints only unless told."""
+    encodes full windows, every stream's in one call); streams draft, or with their hints only when told."""
     from asr_spec.server import settings as settings_module
 
     from asr_spec.streaming import MAX_STEP_S
@@ -246,7 +246,7 @@ def test_serve_defaults_are_the_engines_and_the_measured_ones(monkeypatch):
     assert (s.window(), settings_of("--device", "cuda").window()) == ("stream", "full")
     assert settings_of("--device", "cuda", "--encoder-window", "stream").engine_config().encoder_window == "stream"
     assert settings_of("--device", "cuda").engine_config().encoder_window == "full"
-    assert not s.engine_config().draft and settings_of("--stream-draft").engine_config().draft  # uploads' alone
+    assert s.engine_config().draft and not settings_of("--no-stream-draft").engine_config().draft
 
 
 def test_serve_settings_come_from_options_over_the_environment_over_the_defaults(monkeypatch, capsys):

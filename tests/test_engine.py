@@ -31,7 +31,7 @@ def test_streams_nearly_due_join_a_batch_that_decodes_anyway(tiny_target):
 
 def test_a_stream_end_to_end_is_exact_and_loses_nothing(tiny_target):
     """A stream driven through the engine on the tiny model without a draft, with one that drafts
-    (``EngineConfig.draft``) and with one the engine leaves to uploads (the default: its hints only): every event
+    (``EngineConfig.draft``, the default) and with one the engine leaves to uploads (its hints only): every event
     the same (a stream's speculative decodes are exact, its hints and kept encoder states included); every second
     received leaves the buffer once; finals follow each other and the last ends the utterance."""
     from asr_spec.models.loader import load_draft
@@ -42,7 +42,7 @@ def test_a_stream_end_to_end_is_exact_and_loses_nothing(tiny_target):
     draft = load_draft("layers:0", tiny_target)
     for name, model, config in (("target", None, EngineConfig(max_step_s=0.0)),
                                  ("speculative", draft, EngineConfig(max_step_s=0.0, draft=True)),
-                                 ("hints only", draft, EngineConfig(max_step_s=0.0))):
+                                 ("hints only", draft, EngineConfig(max_step_s=0.0, draft=False))):
         stats: list = []
         engine = Engine(Recognizer(tiny_target, model), config)
         events = stream_audio(engine, audio, StreamConfig(vad=False), chunk_s=0.3, stats=stats)
