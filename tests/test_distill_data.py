@@ -14,6 +14,7 @@ from asr_spec.distill.augment import KINDS, augment, convolved
 from asr_spec.distill.data import Example, augmented, label, synthesize
 from asr_spec.distill.onpolicy import on_policy
 from asr_spec.distill.train import Batcher, shard_examples
+from asr_spec.distill.tts import Voice, festival_voices, random_voice, speak
 from asr_spec.models.loader import load_draft
 
 
@@ -85,6 +86,23 @@ def test_a_longer_synthesis_run_extends_a_shorter_ones_clips(tmp_path):
     more = synthesize(text, 6, tmp_path / "more", ["espeak-ng"], seed=0)
     assert len(few) == 3 and len(more) == 6 and [p.name for p in few] == [p.name for p in more[:3]]
     assert all(np.array_equal(load_audio(a), load_audio(b)) for a, b in zip(few, more))
+
+
+def test_every_installed_festival_voice_speaks_and_is_drawn(tmp_path):
+    """Each festival voice Debian installed (kal_diphone; the HTS voice of festvox-us-slt-hts where present) says a
+    sentence, and synthesis draws among them; a folder without voices falls back to festival's default."""
+    system_tool("text2wave", install="sudo apt-get install festival (.ci/run installs it)")
+    voices = festival_voices()
+    for name in voices:
+        speak("The draft proposes and the target decides.", Voice("festival", name, 1.0), tmp_path / f"{name}.wav")
+        assert len(load_audio(tmp_path / f"{name}.wav")) > SAMPLE_RATE // 2, name
+    drawn = {random_voice(random.Random(i), ["festival"]).name for i in range(40)}
+    assert drawn == set(voices)
+    assert festival_voices(tmp_path / "none") == ["kal_diphone"]
+    (tmp_path / "voices" / "us" / "b_voice").mkdir(parents=True)
+    (tmp_path / "voices" / "english" / "a_voice").mkdir(parents=True)
+    (tmp_path / "voices" / "spanish" / "c_voice").mkdir(parents=True)
+    assert festival_voices(tmp_path / "voices") == ["a_voice", "b_voice"]
 
 
 def test_a_label_shard_labels_each_clip_once_and_loses_none(tmp_path, short_target, clip):

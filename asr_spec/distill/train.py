@@ -24,7 +24,7 @@ from . import LABEL_BATCH
 from .data import Example, audio_files, augmented, clips, label, label_sessions, sessions, synthesize
 from .onpolicy import on_policy
 from .shortlist import choose_shortlist, widened
-from .tts import available_engines
+from .tts import available_engines, festival_voices
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,8 @@ def build_data(o: DistillOptions, target: Whisper) -> tuple[list[Example], dict[
         engines = list(o.tts_engines) or available_engines()
         if not engines:
             raise RuntimeError("no TTS engine found (apt-get install espeak-ng flite festival), or pass --tts-clips 0")
-        _log(f"synthesizing {o.tts_clips} clips with {', '.join(engines)}")
+        voices = f" (festival: {', '.join(festival_voices())})" if "festival" in engines else ""
+        _log(f"synthesizing {o.tts_clips} clips with {', '.join(engines)}{voices}")
         sources.append(("tts", synthesize(list(o.text), o.tts_clips, cache / "tts", engines, o.seed)))
     examples: list[Example] = []
     hours: dict[str, float] = {}
