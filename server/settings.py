@@ -84,10 +84,10 @@ class ServeSettings(BaseSettings):
         "draft: 'auto' (the one shipped for the target), a directory or id (asr_spec distill output) or "
         "layers:I,J (untrained copy)"))
     no_draft: bool = Field(False, description="target-only decoding (the baseline)")
-    stream_draft: bool = Field(True, description=(
+    stream_draft: bool = Field(False, description=(
         "live streams also draft with the draft model past their previous hypothesis (which every re-decode "
-        "proposes first); --no-stream-draft: their hints only, the draft serves uploads alone (measured a tenth cheaper "
-        "for streams on a CPU). Never changes the text"))
+        "proposes first); by default their hints alone, the draft serving uploads (measured a tenth cheaper for "
+        "streams on a CPU). Never changes the text"))
     device: str = Field("cpu", description="torch device (cpu, cuda, ...)")
     compute_type: Literal[COMPUTE_TYPES] = Field("auto", description=(
         "precision of the whole model, CTranslate2's names (auto: the native type measured fastest here, once, "

