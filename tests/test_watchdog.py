@@ -69,6 +69,9 @@ def finals_text(events: list[dict]) -> str:
     return "".join(e["join"] + e["text"] for e in events if e["type"] == "final")
 
 
+ASK_NOT = "And so, my fellow Americans: ask not what your country can do for you, ask what you can do for your country."
+
+
 def wer(reference: str, hypothesis: str) -> float:
     return 100 * jiwer.wer(normalize(reference), normalize(hypothesis))
 
@@ -227,10 +230,9 @@ def test_finalize_spam_neither_hallucinates_nor_starves_a_normal_session(server)
     attacker.join(300)
     assert not attacker.is_alive(), "the attacker's session did not end"
     left = time.monotonic()
-    reference = "And so, my fellow Americans: ask not what your country can do for you, ask what you can do for your country."
     # every word arrives; at most two differ (split at the pause under load, "ask not" may be heard as "is not")
     assert "what your country can do for you ask what you can do for your country" in normalize(finals_text(normal))
-    assert wer(reference, finals_text(normal)) <= 10.0, finals_text(normal)
+    assert wer(ASK_NOT, finals_text(normal)) <= 10.0, finals_text(normal)
     print(f"normal session's first final {first_final[0]:.2f} s after it started ({alone[0]:.2f} s alone); "
           f"attacker {closed_event(attacker_events)}")
     print("normal session:", [(round(t, 2), e["type"], e.get("text", "")[:40], e.get("end")) for t, e in arrivals])
@@ -259,7 +261,11 @@ def test_flood_and_disconnect_is_cancelled_at_once(server):
     print(f"engine idle {idle:.2f} s after the flooding client left")
     assert healthy(url)
     events = run_with_deadline(lambda: stream_file(url, load_audio(DEV / "jfk-inaugural-1961-ask-not.wav"), None), 120)
-    assert "ask not what your country" in normalize(finals_text(events)) and time.monotonic() - left < 120
+    # every word arrives; where the stream's pieces fall follows the engine's speed, and Whisper has heard "ask not"
+    # as "asked not" in one of them (CI, 2026-11-29): at most two words differ
+    text = finals_text(events)
+    assert "what your country can do for you ask what you can do for your country" in normalize(text), text
+    assert wer(ASK_NOT, text) <= 10.0 and time.monotonic() - left < 120, text
 
 
 def test_three_minutes_without_pauses(server, transcriber):
