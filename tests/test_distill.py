@@ -134,3 +134,29 @@ def test_distill_writes_a_draft_that_decodes_exactly_and_resumes(tmp_path, base_
     assert "widened from the initial draft's" in (wide / "README.md").read_text()
     spec = Transcriber(base_model, load_draft(str(wide), base_model)).decode(memories, [prompt], k=4)[0]
     assert spec.tokens == ref.tokens
+
+    # --layers with --init deepens a draft: its own layers kept in their order, each added one the target's layer with
+    # its three output projections zeroed, so that the deeper draft proposes exactly what it continues until trained
+    deep = tmp_path / "deep"
+    r = distill(*[a if a != str(out) else str(deep) for a in common], "--minutes", "0", "--init", str(out),
+                "--layers", "0,2,5")
+    assert r.returncode == 0, r.stderr[-3000:]
+    meta = json.loads((deep / "asr_spec_draft.json").read_text())
+    assert meta["decoder_layers"] == 3 and meta["training"]["layers_from"] == [0, 2, 5]
+    new = load_file(str(deep / "draft.safetensors"))
+    for name, v in load_file(str(out / "draft.safetensors")).items():  # its layer 1 is now layer 2
+        assert torch.equal(new[name.replace("layers.1.", "layers.2.")], v), name
+    added = base_model.net.model.decoder.layers[2]
+    assert torch.equal(new["layers.1.fc1.weight"], added.fc1.weight.half())
+    assert torch.equal(new["layers.1.self_attn.q_proj.weight"], added.self_attn.q_proj.weight.half())
+    for proj in ("self_attn.out_proj", "encoder_attn.out_proj", "fc2"):
+        assert not new[f"layers.1.{proj}.weight"].any() and not new[f"layers.1.{proj}.bias"].any()
+    assert "output projections zeroed" in (deep / "README.md").read_text()
+    before = Transcriber(base_model, draft).decode(memories, [prompt], k=4)[0]
+    after = Transcriber(base_model, load_draft(str(deep), base_model)).decode(memories, [prompt], k=4)[0]
+    assert after.tokens == ref.tokens
+    assert (after.stats.drafted, after.stats.accepted, after.stats.target_passes) == \
+        (before.stats.drafted, before.stats.accepted, before.stats.target_passes) and before.stats.drafted > 0
+    r = distill(*[a if a != str(out) else str(deep) for a in common], "--minutes", "0", "--init", str(out),
+                "--layers", "5,0")
+    assert r.returncode == 1 and "must keep the draft's own layers 0,5 in their order" in r.stderr, r.stderr[-3000:]

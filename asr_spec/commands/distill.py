@@ -21,7 +21,9 @@ class DistillSettings:
     text: tuple[str, ...] = option((), "sentence files (one per line) to synthesize speech from", nargs="*")
     out: str = option(help="output folder: the draft, checkpoints, cache, report, model card")
     work: str | None = option(None, "label cache and checkpoints (default: OUT/work); rerunning resumes from it")
-    layers: str = option("", "target decoder layers to initialise from (default: first,last)")
+    layers: str = option("", "target decoder layers to initialise from (default: first,last; with --init, "
+                                 "a list that keeps the draft's own in order deepens it: each added layer starts as "
+                                 "the target's with zeroed output projections)")
     head_size: int = option(4000, "text tokens in the draft's output layer (0: all; with --init, a size above the "
                                   "draft's widens its layer)")
     tts_clips: int = option(600, "clips to synthesize from --text")

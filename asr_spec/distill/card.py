@@ -14,7 +14,7 @@ def write_card(out: Path, report: dict, command: str) -> None:
 
 A draft decoder for exact speculative decoding with asr_spec: {report['decoder_layers']} decoder layers initialised
 {f"from the draft {report['options']['init']} (itself started " if report['options'].get('init') else ""}from the target's layers {report['layers_from']}{")" if report['options'].get('init') else ""}, reading the target's encoder output (shared encoder) and its
-token/position embeddings, with a {report['head_tokens']}-token output layer{_widened(report)}. The target verifies every drafted
+token/position embeddings, with a {report['head_tokens']}-token output layer{_widened(report)}{_deepened(report)}. The target verifies every drafted
 token, so transcripts are the target's own whatever the draft proposes.
 
 - Trained with: `{command}`
@@ -52,6 +52,14 @@ def _widened(report: dict) -> str:
     if not before or before == report["head_tokens"]:
         return ""
     return f" (widened from the initial draft's {before}: each new row started as the target's embedding of its token)"
+
+
+def _deepened(report: dict) -> str:
+    before = report.get("init_layers") or report["layers_from"]
+    if len(before) == len(report["layers_from"]):
+        return ""
+    return (f"; the initial draft's layers started from the target's {before}, and the layers added among them as "
+            "the target's with their output projections zeroed (adding nothing until trained)")
 
 
 def _hours(hours: dict[str, float]) -> str:

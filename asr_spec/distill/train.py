@@ -249,6 +249,29 @@ def held_aside_acceptance(model, head: torch.Tensor, batcher: Batcher, held: lis
     return hits / max(total, 1)
 
 
+def deepened(dec: torch.nn.Module, src: torch.nn.Module, layers: list[int], trained: list[int],
+             saved: dict[str, torch.Tensor]) -> None:
+    """Load a continued draft's layers (``saved``, started from the target's ``trained``) into ``dec``, whose layers
+    start from the target's ``layers``: ``trained`` in order among them, each other one the target's layer with its
+    three output projections zeroed, so that it adds nothing to the residual stream and the deepened draft proposes
+    exactly what the draft it continues proposes until training moves it."""
+    it = iter(layers)
+    if not all(any(i == j for j in it) for i in trained):  # trained must be a subsequence of layers
+        raise RuntimeError(f"--layers {','.join(map(str, layers))} must keep the draft's own layers "
+                           f"{','.join(map(str, trained))} in their order")
+    k = 0
+    for j, i in enumerate(layers):
+        if k < len(trained) and i == trained[k]:
+            dec.layers[j].load_state_dict({n.split(".", 1)[1]: v for n, v in saved.items() if n.startswith(f"{k}.")})
+            k += 1
+            continue
+        dec.layers[j].load_state_dict(src.layers[i].state_dict())
+        with torch.no_grad():
+            for out in (dec.layers[j].self_attn.out_proj, dec.layers[j].encoder_attn.out_proj, dec.layers[j].fc2):
+                out.weight.zero_()
+                out.bias.zero_()
+
+
 def distill(o: DistillOptions, published: Callable[[dict], None] | None = None) -> dict:
     """Label the data, train the draft, and write it to ``o.out`` at every checkpoint (every ``o.eval_every`` steps)
     and at the end, with its report; ``published(report)`` after each such write (the command writes the card).
@@ -275,18 +298,19 @@ def distill(o: DistillOptions, published: Callable[[dict], None] | None = None) 
     if o.init is not None:  # fine-tune a draft: its layers, output layer and shortlist
         meta = json.loads((o.init / DRAFT_META).read_text())
         saved = {k: v.float() for k, v in load_file(str(o.init / "draft.safetensors")).items()}
-        head_ids, layers = meta["head_ids"], meta["training"]["layers_from"]
-        model = distilled_decoder(target, meta["decoder_layers"])
+        head_ids, trained = meta["head_ids"], meta["training"]["layers_from"]
+        layers = list(o.layers) or trained
+        model = distilled_decoder(target, len(layers))
         dec = model.model.decoder
-        dec.layers.load_state_dict({k[len("layers."):]: v for k, v in saved.items() if k.startswith("layers.")})
+        deepened(dec, src, layers, trained, {k[len("layers."):]: v for k, v in saved.items() if k.startswith("layers.")})
         dec.layer_norm.load_state_dict({k[len("layer_norm."):]: v for k, v in saved.items() if k.startswith("layer_norm.")})
-        init_head_tokens = len(head_ids) if head_ids else None
+        init_head_tokens, init_layers = (len(head_ids) if head_ids else None), trained
         rows = saved["head.weight"].to(target.decoder.device)
         if o.head_size and head_ids:  # a larger --head-size widens the draft's output layer
             head_ids, rows = widened(target, train, o.text, o.head_size, head_ids, rows)
         head = torch.nn.Parameter(rows.clone())
     else:  # distil-Whisper's recipe: layers copied from the target's, the output layer from its embeddings
-        init_head_tokens = None
+        init_head_tokens, init_layers = None, []
         head_ids = choose_shortlist(target, train, o.text, o.head_size)
         layers = list(o.layers) or [0, n_layers - 1]
         model = distilled_decoder(target, len(layers))
@@ -328,7 +352,7 @@ def distill(o: DistillOptions, published: Callable[[dict], None] | None = None) 
         report = {
             "target": o.target, "layers_from": layers, "decoder_layers": len(layers),
             "earlier_runs": earlier_runs(o.init), "head_tokens": len(head_ids) if head_ids else target.vocab.size,
-            "init_head_tokens": init_head_tokens,
+            "init_head_tokens": init_head_tokens, "init_layers": init_layers,
             "held_aside_label_coverage": round(float(coverage), 4),
             "examples": {"train": len(train), "held_aside": len(held),
                          **{source: sum(e.source == source for e in examples)
