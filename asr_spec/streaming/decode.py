@@ -180,16 +180,18 @@ def _aligner(rec: Recognizer, request: StreamRequest, memory: torch.Tensor, lang
              result: RowResult, known: dict[tuple, list[Word]]) -> Aligner:
     """Times words of a decode's tokens, Whisper's way (``align``), over the audio they were decoded from, in seconds
     from its start; the ``before`` tokens decoded ahead of them in that audio are aligned with them (their audio
-    comes first) and their words dropped. ``known``: what the batch aligned already (AlignAtt's continuations)."""
+    comes first) and their words dropped. ``known``: what the batch aligned already (AlignAtt's continuations); what it aligns is kept there."""
     def words(before: list[int], tokens: list[int]) -> list[Word]:
-        if (found := known.get((tuple(before), tuple(tokens)))) is not None:
+        key = (tuple(before), tuple(tokens))
+        if (found := known.get(key)) is not None:
             return found
         try:
-            return align(rec.target, memory, len(request.audio) // HOP, language, request.task, [before, tokens],
-                         result.cross, scored=1)[1]
+            known[key] = align(rec.target, memory, len(request.audio) // HOP, language, request.task, [before, tokens],
+                               result.cross, scored=1)[1]
         except Exception:  # noqa: BLE001 - the final goes out without word times rather than not at all
             log.exception("aligning words failed")
             return []
+        return known[key]
     return words
 
 

@@ -153,6 +153,8 @@ class Stream:
         if request.kind is RequestKind.FINAL:
             if self._ended_early(cont, heard):  # commit what was said, decode the rest again
                 return self._commit_window(cont, heard)
+            if (said := self._words_end_early(cont, heard)) is not None:
+                return self._commit_said(cont, said)
             return self._commit_all(cont, heard)
         if request.kind is RequestKind.WINDOW:
             return self._commit_window(cont, heard, cut_off=True)
@@ -243,6 +245,16 @@ class Stream:
         self.intake.drop(int(round(end * SAMPLE_RATE)))
         return events + self._partial_event()
 
+    def _commit_said(self, cont: list[int], said: int) -> list[Event]:
+        """A final decode whose words end well before its speech does (:meth:`_words_end_early`): commit the whole
+        continuation, drop the audio up to its last word's end (``said`` samples) and keep the rest buffered, to be
+        decoded again; the flush or the utterance's end stays due."""
+        events = [self._final(cont, end_of_utterance=False, decoded=said)] if any(t < self.vocab.eot for t in cont) else []
+        self._add_context(self.committed + cont)
+        self.committed, self.previous = [], []
+        self.intake.drop(said)
+        return events
+
     def _trim(self) -> None:
         """Cut the buffer after the last committed segment that is closed by a timestamp pair."""
         if self.intake.buffer_s <= self.config.trim_s:
@@ -299,6 +311,22 @@ class Stream:
         intake = self.intake
         speech_end = decoded / SAMPLE_RATE if intake.vad is None else intake.last_voiced - intake.start
         return speech_end - text_end >= self.config.unheard_s
+
+    def _words_end_early(self, cont: list[int], decoded: int) -> int | None:
+        """Where (samples into the buffer) a final decode's words end, when its text closes with a timestamp at or
+        near the speech's end but its aligned words end ``unheard_s`` or more before the speech does: Whisper
+        sometimes closes a last segment long after its few words ("bravely trudged on alone." stretched over 12 s,
+        the sentence after it never decoded). As Whisper's offline loop does with word timestamps, which seeks to
+        the last word's end, the rest is decoded again. None otherwise, or without aligned words."""
+        words = self._words(self.committed, cont) if any(t < self.vocab.eot for t in cont) else []
+        if not words:
+            return None
+        intake = self.intake
+        speech_end = decoded / SAMPLE_RATE if intake.vad is None else intake.last_voiced - intake.start
+        said = words[-1].end
+        if said < self.config.unheard_s or speech_end - said < self.config.unheard_s:
+            return None
+        return min(decoded, int(round(said * SAMPLE_RATE)))
 
     def _segment_ends(self, tokens: list[int]) -> list[int]:
         """Indices of the timestamps that close a segment (after text, followed by a timestamp or the end)."""
