@@ -119,7 +119,8 @@ class ServeSettings(BaseSettings):
         1,2,4,6,8`; docs/results.md): on a 2-core Intel Xeon with AMX (bfloat16), 4 sessions (2026-11-25: final
         latency median 2.7, 2.7 and 3.2 s in three runs); on a 2-core AMD EPYC without AVX-512 (int8), 2 (2026-11-25:
         RTF 0.90, final median 3.0 s; 2026-11-26 with the streaming encoder: 1 session RTF 0.76, final median 2.2 s,
-        4 fall behind). So: 2 per core with AMX, else 1 per core. CUDA: 16 (an H100, 2026-11-25)."""
+        4 fall behind; 2026-11-29, streams drafting with their hints: 2 at RTF 0.80, final median 2.2 s, 4 at RTF
+        0.91 but 3.3 s). So: 2 per core with AMX, else 1 per core. CUDA: 16 (an H100, 2026-11-25)."""
         if self.max_sessions:
             return self.max_sessions
         return 16 if self.cuda else _cores() * (2 if amx() else 1)
