@@ -308,8 +308,7 @@ class Stream:
         if not ends:
             return False
         text_end = (every[ends[-1]] - self.vocab.timestamp_begin) * TOKEN_SECONDS
-        intake = self.intake
-        speech_end = decoded / SAMPLE_RATE if intake.vad is None else intake.last_voiced - intake.start
+        speech_end = self._speech_end(decoded)
         return speech_end - text_end >= self.config.unheard_s
 
     def _words_end_early(self, cont: list[int], decoded: int) -> int | None:
@@ -321,12 +320,16 @@ class Stream:
         words = self._words(self.committed, cont) if any(t < self.vocab.eot for t in cont) else []
         if not words:
             return None
-        intake = self.intake
-        speech_end = decoded / SAMPLE_RATE if intake.vad is None else intake.last_voiced - intake.start
+        speech_end = self._speech_end(decoded)
         said = words[-1].end
         if said < self.config.unheard_s or speech_end - said < self.config.unheard_s:
             return None
         return min(decoded, int(round(said * SAMPLE_RATE)))
+
+    def _speech_end(self, decoded: int) -> float:
+        """Seconds into the buffer where its speech ends, by voice detection (without it: the ``decoded`` samples')."""
+        intake = self.intake
+        return decoded / SAMPLE_RATE if intake.vad is None else intake.last_voiced - intake.start
 
     def _segment_ends(self, tokens: list[int]) -> list[int]:
         """Indices of the timestamps that close a segment (after text, followed by a timestamp or the end)."""
