@@ -130,8 +130,8 @@ def test_a_bfloat16_layer_packed_once_is_the_product(tmp_path, monkeypatch):
 
 
 def test_the_row_exact_way_is_measured_once_per_machine_and_kept_on_disk(tmp_path, monkeypatch):
-    """The first process on a machine measures a layer's row-exact way (random rows, up to 2000 of them: ~4 s of
-    whisper-base's first decode) and keeps it beside the models; later processes read it and measure nothing. A
+    """The first process on a machine measures a layer's row-exact way (random rows, up to 2000 of them: ~6 s of
+    whisper-base's first load) and keeps it beside the models; later processes read it and measure nothing. A
     way the file names that is not one of this type's ways is measured again."""
     import json
 
@@ -155,6 +155,21 @@ def test_the_row_exact_way_is_measured_once_per_machine_and_kept_on_disk(tmp_pat
     monkeypatch.setattr(linear, "row_exact", lambda *a, **k: measured.append(1) or True)
     assert linear.exact_way(96, 64, torch.float32, torch.device("cpu")).name in [w.name for w in linear.WAYS[torch.float32]]
     assert measured
+
+
+def test_a_layer_measures_its_way_when_it_is_made_not_at_its_first_call(tmp_path, monkeypatch):
+    """A machine's first process measures the ways while its models load (``asr_spec transcribe`` says how long), so
+    the first decode's time is a decode's: nothing is measured at the layer's first call."""
+    from asr_spec.models import linear
+
+    monkeypatch.setenv("ASR_SPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(linear, "_CHOSEN", {})
+    monkeypatch.setattr(linear, "_MEASURING_S", [0.0])
+    layer = linear.Dense(torch.randn(96, 64))
+    assert linear.measuring_seconds() > 0 and list((tmp_path / "exact-ways").glob("*.json"))
+    monkeypatch.setattr(linear, "row_exact", lambda *a, **k: pytest.fail("measured at the first call"))
+    monkeypatch.setattr(linear, "step_seconds", lambda *a, **k: pytest.fail("timed at the first call"))
+    assert layer(torch.randn(3, 64)).shape == (3, 96)
 
 
 def test_the_ways_are_tried_in_the_order_of_their_speed_here(tmp_path, monkeypatch):

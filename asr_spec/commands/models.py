@@ -48,6 +48,7 @@ def load(options: ModelOptions, background: bool = False) -> tuple[Whisper, Draf
     measured yet (``auto``'s type, where the draft pays) is measured now (``options.measure_now``), or guessed and,
     with ``background`` (a server: it waits for idle moments), measured by a process of its own (asr_spec.measure)."""
     from ..measure import settle
+    from ..models.linear import measuring_seconds
     from ..models.loader import load as load_models
     from ..models.sources import ModelError
 
@@ -58,6 +59,9 @@ def load(options: ModelOptions, background: bool = False) -> tuple[Whisper, Draf
     except ModelError as e:
         print(f"error: {e}", file=sys.stderr)
         return None
+    probed = measuring_seconds()
     print(f"loaded {target.name}" + (f" + draft {draft.name}: {draft.widths.describe()}" if draft else " (no draft)")
-          + f" in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+          + f" in {time.perf_counter() - t0:.1f} s"
+          + (f" ({probed:.1f} s of it measuring which kernels keep a row's bits here: once, kept in the cache)"
+             if probed >= 0.1 else ""), file=sys.stderr)
     return target, draft

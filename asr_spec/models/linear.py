@@ -109,6 +109,7 @@ WAYS[torch.bfloat16] = [Way("oneDNN, packed for one row", on_packed, packed), *W
 # wide layers (the cross-attention keys and values of whole encoder outputs, hundreds of rows and more)
 WIDE_WAYS = [Way("F.linear", lambda x, w: F.linear(x, w)), Way("F.linear in blocks of 256", lambda x, w: in_blocks(x, w, 256))]
 _CHOSEN: dict[tuple, Way] = {}
+_MEASURING_S = [0.0]  # seconds this process spent measuring ways (:func:`measuring_seconds`)
 
 
 def row_exact(way: Way, out: int, inp: int, dtype: torch.dtype, device: torch.device, counts: tuple[int, ...]
@@ -167,13 +168,20 @@ def exact_way(out: int, inp: int, dtype: torch.dtype, device: torch.device, wide
         name = f"{out}x{inp} {str(dtype).removeprefix('torch.')} {torch.get_num_threads()} threads{' wide' * wide}"
         way = next((w for w in ways if w.name == kept.get(name)), None)
         if way is None:
+            t0 = time.perf_counter()
             counts = WIDE_ROWS if wide else tuple(m for m in PROBE_ROWS if out <= 8 * inp or m <= HEAD_ROWS)
             if not wide:  # the order measured elsewhere need not be this CPU's (oneDNN's packed bfloat16 without AMX)
                 ways = sorted(ways, key=lambda w: step_seconds(w, out, inp, dtype, device))
             way = next((w for w in ways if row_exact(w, out, inp, dtype, device, counts)), ways[-1])
             keep_way(name, way.name)
+            _MEASURING_S[0] += time.perf_counter() - t0
         _CHOSEN[key] = way
     return _CHOSEN[key]
+
+
+def measuring_seconds() -> float:
+    """Seconds this process has spent measuring ways (a machine's first process, or a new thread count)."""
+    return _MEASURING_S[0]
 
 
 def _ways_file() -> Path:
@@ -232,6 +240,8 @@ class Dense:
         self.bias, self.wide = bias, wide
         self.shape, self.dtype, self.device = weight.shape, weight.dtype, weight.device
         self._prepared: tuple[str, Any] = ("", None)  # (way's name, its weight)
+        # chosen now: a machine's first process measures its ways while it loads, not in its first decode
+        exact_way(*self.shape, self.dtype, self.device, self.wide)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         way = exact_way(*self.shape, self.dtype, self.device, self.wide)
