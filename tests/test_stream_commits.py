@@ -191,7 +191,7 @@ def test_every_sample_leaves_the_buffer_once(tokenizer):
     s = Stream(StreamConfig(), tokenizer)
     s.feed(np.zeros(3 * 16000, np.float32))
     listen([s])
-    assert s.due() is None and s.intake.buffer_s == pytest.approx(0.3, abs=0.04)
+    assert s.due() is None and s.intake.buffer_s == pytest.approx(StreamConfig().preroll_s, abs=0.04)
     s.flush(close=True)
     assert s.due() is RequestKind.FINAL
     (final,) = s.settle_flush()  # no decode; the utterance still ends with a final
@@ -235,7 +235,7 @@ def test_the_buffer_does_not_depend_on_how_the_audio_arrived(tokenizer, pieces_s
     audio = load_audio(DEV / items["2961-961-0004"]["audio"])[:6 * 16000]
 
     def fed(lengths: list[float]) -> Stream:
-        s, at, i = Stream(StreamConfig(), tokenizer), 0, 0
+        s, at, i = Stream(StreamConfig(preroll_s=0.3), tokenizer), 0, 0  # shorter than the silence before speech
         while at < len(audio):
             n = int(lengths[min(i, len(lengths) - 1)] * 16000)
             s.feed(audio[at:at + n])
