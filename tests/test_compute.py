@@ -187,7 +187,7 @@ def test_the_ways_are_tried_in_the_order_of_their_speed_here(tmp_path, monkeypat
     monkeypatch.setenv("ASR_SPEC_CACHE", str(tmp_path))
     monkeypatch.setattr(linear, "_CHOSEN", {})
     monkeypatch.setitem(linear.WAYS, torch.float32, ways)
-    assert linear.step_seconds(ways[0], 96, 64, torch.float32, torch.device("cpu")) > 0.004
+    assert linear.step_seconds(ways, linear.probe_weight(96, 64, torch.float32, torch.device("cpu")))[0] > 0.004
     assert linear.exact_way(96, 64, torch.float32, torch.device("cpu")).name == "fast"
 
 
@@ -206,9 +206,9 @@ def test_the_row_exact_probe_sees_one_output_of_one_row_change_in_company():
             y[min(5, x.shape[0] - 1), 7] += 1e-3
         return y
 
-    assert linear.row_exact(linear.Way("blocks", lambda x, w: in_blocks(x, w, 16)), 96, 64, torch.float32, cpu,
-                            (2, 9, 33))
-    assert not linear.row_exact(linear.Way("nudged", nudged), 96, 64, torch.float32, cpu, (2, 9, 33))
+    weight = linear.probe_weight(96, 64, torch.float32, cpu)
+    assert linear.row_exact(linear.Way("blocks", lambda x, w: in_blocks(x, w, 16)), weight, (2, 9, 33))
+    assert not linear.row_exact(linear.Way("nudged", nudged), weight, (2, 9, 33))
 
 
 @needs_int8

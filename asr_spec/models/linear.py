@@ -112,16 +112,23 @@ _CHOSEN: dict[tuple, Way] = {}
 _MEASURING_S = [0.0]  # seconds this process spent measuring ways (:func:`measuring_seconds`)
 
 
-def row_exact(way: Way, out: int, inp: int, dtype: torch.dtype, device: torch.device, counts: tuple[int, ...]
-              ) -> bool:
-    """Whether ``way`` gives each of :data:`PROBE_EACH` rows the same bits alone and among ``counts`` rows (first, last).
-    Every output of those rows is compared: two kernels that sum in other orders differ only where the rounding to
-    the output's type falls apart (a few outputs in 10,000 in bfloat16), which one row alone often misses (on a Xeon
-    with AMX a 2-row call's kernel differed from a 1-row call's in 3 of 51865 outputs of a row, 2026-11-28)."""
+def probe_weight(out: int, inp: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The random weight every way of a layer's shape is timed and probed with (made once: for the 51865-row output
+    layer its random numbers took 0.3 s, once per way timed and probed before)."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(max(counts), inp, generator=g).to(device, dtype)
+    return (torch.randn(out, inp, generator=g) / inp ** 0.5).to(device, dtype)
+
+
+def row_exact(way: Way, weight: torch.Tensor, counts: tuple[int, ...]) -> bool:
+    """Whether ``way`` gives each of :data:`PROBE_EACH` rows the same bits alone and among ``counts`` rows (first, last),
+    with ``weight`` (:func:`probe_weight`). Every output of those rows is compared: two kernels that sum in other
+    orders differ only where the rounding to the output's type falls apart (a few outputs in 10,000 in bfloat16),
+    which one row alone often misses (on a Xeon with AMX a 2-row call's kernel differed from a 1-row call's in 3 of
+    51865 outputs of a row, 2026-11-28)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(max(counts), weight.shape[1], generator=g).to(weight.device, weight.dtype)
     try:  # a way this machine's torch cannot run (oneDNN's packed products elsewhere) is not this machine's
-        w = way.prepare((torch.randn(out, inp, generator=g) / inp ** 0.5).to(device, dtype))
+        w = way.prepare(weight)
         alone = torch.cat([way.call(x[i:i + 1], w) for i in range(PROBE_EACH)])
         for m in counts:
             r = min(m, PROBE_EACH)
@@ -133,25 +140,42 @@ def row_exact(way: Way, out: int, inp: int, dtype: torch.dtype, device: torch.de
     return True
 
 
-def step_seconds(way: Way, out: int, inp: int, dtype: torch.dtype, device: torch.device) -> float:
-    """What ``way`` takes here for a decode step's rows: one row and four (a verify pass), the median of 5 calls each
-    after a first (inf where this machine's torch cannot run it)."""
-    g = torch.Generator().manual_seed(1)
-    try:
-        w = way.prepare((torch.randn(out, inp, generator=g) / inp ** 0.5).to(device, dtype))
-        total = 0.0
-        for m in (1, 4):
-            x = torch.randn(m, inp, generator=g).to(device, dtype)
-            way.call(x, w)
-            times = []
-            for _ in range(5):
-                t = time.perf_counter()
+def step_seconds(ways: list[Way], weight: torch.Tensor, rounds: int = 3) -> list[float]:
+    """What each of ``ways`` takes here for a decode step's rows with ``weight``: one row and four (a verify pass),
+    each the fastest of ``rounds`` calls after a first (another process's work only ever slows a call), the ways
+    timed in turn in each round, so that a slower moment of the machine falls on all of them (inf for a way this
+    machine's torch cannot run)."""
+    g = torch.Generator().manual_seed(2)
+    xs = [torch.randn(m, weight.shape[1], generator=g).to(weight.device, weight.dtype) for m in (1, 4)]
+    prepared: list[Any] = []
+    for way in ways:
+        try:
+            w = way.prepare(weight)
+            for x in xs:
                 way.call(x, w)
-                times.append(time.perf_counter() - t)
-            total += sorted(times)[2]
-        return total
-    except (RuntimeError, AttributeError):
-        return float("inf")
+        except (RuntimeError, AttributeError):
+            w = None
+        prepared.append(w)
+    best = [[float("inf")] * len(xs) for _ in ways]
+    for _ in range(rounds):
+        for i, (way, w) in enumerate(zip(ways, prepared)):
+            for j, x in enumerate(xs):
+                if w is not None:
+                    t = time.perf_counter()
+                    way.call(x, w)
+                    best[i][j] = min(best[i][j], time.perf_counter() - t)
+    return [sum(b) for b in best]
+
+
+def by_speed(ways: list[Way], weight: torch.Tensor, tie: float = 1.2) -> list[Way]:
+    """``ways`` fastest first as timed here (:func:`step_seconds`), those within ``tie`` of the fastest in their listed
+    order: timings drift 10-20 % within a run, and a way that only seemed faster must not be chosen by chance (on an
+    AVX2 EPYC oneDNN's packed output layer and the streamed blocks both take ~20 ms a step; probing the streamed
+    blocks takes 2 s more)."""
+    seconds = step_seconds(ways, weight)
+    fastest = min(seconds)
+    order = sorted(range(len(ways)), key=lambda i: 0.0 if seconds[i] <= tie * fastest else seconds[i])
+    return [ways[i] for i in order]
 
 
 def exact_way(out: int, inp: int, dtype: torch.dtype, device: torch.device, wide: bool = False) -> Way:
@@ -170,9 +194,10 @@ def exact_way(out: int, inp: int, dtype: torch.dtype, device: torch.device, wide
         if way is None:
             t0 = time.perf_counter()
             counts = WIDE_ROWS if wide else tuple(m for m in PROBE_ROWS if out <= 8 * inp or m <= HEAD_ROWS)
+            weight = probe_weight(out, inp, dtype, device)
             if not wide:  # the order measured elsewhere need not be this CPU's (oneDNN's packed bfloat16 without AMX)
-                ways = sorted(ways, key=lambda w: step_seconds(w, out, inp, dtype, device))
-            way = next((w for w in ways if row_exact(w, out, inp, dtype, device, counts)), ways[-1])
+                ways = by_speed(ways, weight)
+            way = next((w for w in ways if row_exact(w, weight, counts)), ways[-1])
             keep_way(name, way.name)
             _MEASURING_S[0] += time.perf_counter() - t0
         _CHOSEN[key] = way
