@@ -36,7 +36,7 @@ def test_distill_writes_a_draft_that_decodes_exactly_and_resumes(tmp_path, base_
         shutil.copy(f, audio)
     text = TRAIN / "text" / "gutenberg_doyle_wells.txt"
     out, work = tmp_path / "draft", tmp_path / "work"
-    common = ["--target", "whisper-base", "--audio", str(audio), "--text", str(text), "--tts-clips", "10",
+    common = ["--target", "whisper-base", "--audio", str(audio), "--text", str(text), "--tts-clips", "4",
               "--batch", "4", "--out", str(out), "--work", str(work), "--session-seconds", "60"]
     r = distill(*common, "--steps", "6")
     assert r.returncode == 0, r.stderr[-3000:]

@@ -42,20 +42,38 @@ def compare(tr, memory, prompt, ref, spec, timestamps, where) -> list[str]:
     pytest.fail(f"{where}: diverges at token {d} (target {ref[d:d + 1]}, speculative {spec[d:d + 1]}), top-2 gap {gap:.2e}")
 
 
+@pytest.fixture(scope="module")
+def transcriber(base_model) -> Transcriber:
+    """The embedded whisper-base with the shipped draft."""
+    return Transcriber(base_model, load_draft(GOOD_DRAFT, base_model))
+
+
+@pytest.fixture(scope="module")
+def dev_memories(transcriber, dev_manifest) -> dict[str, Pair]:
+    """Each dev utterance's encoder outputs (target's and draft's), encoded 8 at a time once for both modes (the
+    encoder is shared: speculative and target-only decoding read the same memory)."""
+    out = {}
+    for start in range(0, len(dev_manifest), 8):
+        batch = dev_manifest[start:start + 8]
+        memories = transcriber.encode(torch.stack([window(log_mel(load_audio(DEV / it["audio"])), 0) for it in batch]))
+        out |= {it["id"]: Pair(memories.target[i:i + 1], memories.draft[i:i + 1]) for i, it in enumerate(batch)}
+    return out
+
+
 @pytest.mark.parametrize("timestamps", [True, False])
-def test_greedy_speculative_equals_target_on_every_dev_utterance(base_model, dev_manifest, timestamps):
-    tr = Transcriber(base_model, load_draft(GOOD_DRAFT, base_model))
+def test_greedy_speculative_equals_target_on_every_dev_utterance(transcriber, dev_memories, dev_manifest, timestamps):
+    tr = transcriber
     prompt = tr.prompt([], "en", "transcribe", timestamps)
     items = dev_manifest if timestamps else dev_manifest[::4]  # the second mode on a quarter of the set
     divergences, drafted, accepted, passes, tokens = [], 0, 0, 0, 0
     for start in range(0, len(items), 8):
         batch = items[start:start + 8]
-        mel = torch.stack([window(log_mel(load_audio(DEV / it["audio"])), 0) for it in batch])
-        memories = tr.encode(mel)
+        mems = [dev_memories[it["id"]] for it in batch]
+        memories = Pair(torch.cat([m.target for m in mems]), torch.cat([m.draft for m in mems]))
         o = TranscribeOptions()  # the default K and draft stop
         spec = tr.decode(memories, [prompt] * len(batch), 0.0, timestamps, k=o.k, draft_stop=o.draft_stop)
         for i, it in enumerate(batch):
-            mem_i = Pair(memories.target[i:i + 1], memories.draft[i:i + 1])
+            mem_i = mems[i]
             ref = tr.decode(mem_i, [prompt], 0.0, timestamps, k=0, use_draft=False)[0]  # target alone
             divergences += compare(tr, mem_i.target, prompt.prompt, ref.tokens, spec[i].tokens, timestamps, it["id"])
             s = spec[i].stats
@@ -65,10 +83,10 @@ def test_greedy_speculative_equals_target_on_every_dev_utterance(base_model, dev
     assert accepted > 0 and passes < tokens  # the draft really drafted
 
 
-def test_long_form_speculative_equals_target_with_sane_segments(base_model):
+def test_long_form_speculative_equals_target_with_sane_segments(transcriber):
     meta = json.loads((DEV / "longform" / "manifest.jsonl").read_text().splitlines()[0])
     audio = load_audio(DEV / "longform" / meta["audio"])
-    tr = Transcriber(base_model, load_draft(GOOD_DRAFT, base_model))
+    tr = transcriber
     opts = TranscribeOptions(language="en")
     ref = tr.transcribe(audio, opts, use_draft=False)
     spec = tr.transcribe(audio, opts)
