@@ -95,10 +95,10 @@ def test_distill_writes_a_draft_that_decodes_exactly_and_resumes(tmp_path, base_
     tuned = tmp_path / "tuned"  # fine-tuning the draft keeps its shortlist and stays exact
     # ... with augmented copies of the real clips and on-policy batches (the draft's own paths)
     # ... on two of the real clips one by one (the recordings still join all six)
-    # ... and three of the synthesized clips taken from a folder (as made on a machine with the engines for one without)
+    # ... and two of the synthesized clips taken from a folder (as made on a machine with the engines for one without)
     r = distill(*[a if a != str(out) else str(tuned) for a in common], "--steps", "2", "--init", str(out),
                 "--augment", "1", "--on-policy", "0.5", "--real-clips", "2", "--tts-audio", str(work / "cache" / "tts"),
-                "--tts-clips", "3")
+                "--tts-clips", "2")
     assert r.returncode == 0, r.stderr[-3000:]
     tuned_report = json.loads((tuned / "report.json").read_text())
     examples = tuned_report["examples"]
