@@ -25,7 +25,7 @@ from whisper_normalizer.basic import BasicTextNormalizer
 from whisper_normalizer.english import EnglishTextNormalizer
 
 from asr_spec.audio import load_audio
-from asr_spec.models.loader import default_draft, load_draft, load_target
+from asr_spec.models.loader import default_draft, load_draft
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 pytestmark = pytest.mark.slow
@@ -34,13 +34,8 @@ basic = BasicTextNormalizer()
 
 
 @pytest.fixture(scope="module")
-def transcriber(base_model):  # base_model: the embedded model converted first
-    """The embedded models at int8: what ``serve`` runs by default (``auto``) on an AVX2 CPU, and about a fifth less of
-    CI's time than float32 on a 2-core AVX2 EPYC (this module, two runs of one morning: 257 against 318 s). The
-    attacks test the server's robustness, not a type's numbers (each type's exactness: tests/test_compute.py,
-    tests/test_exact_real_speech.py)."""
-    model = load_target("whisper-base", compute_type="int8")
-    return Transcriber(model, load_draft(default_draft("whisper-base"), model))
+def transcriber(base_model):
+    return Transcriber(base_model, load_draft(default_draft("whisper-base"), base_model))
 
 
 @pytest.fixture(scope="module")
