@@ -259,6 +259,28 @@ def _words(model: Whisper, segments: list[list[int]], language: str | None, att:
     return [[word for word in words if word.word] for words in out]
 
 
+# Whisper's measure of a word the audio does not hold (openai/whisper's hallucination_silence_threshold): a word
+# aligned shorter than SHORT_S is suspect by how much (15 a second), and by 1 more when the target gave it less than
+# UNLIKELY; a run of suspects whose measures add up to ANOMALOUS is a hallucination
+SHORT_S, UNLIKELY, ANOMALOUS = 0.133, 0.15, 3.0
+
+
+def held(words: list[Word]) -> int:
+    """How many of ``words`` (aligned, in order) the audio holds: those before the first run of suspect words whose
+    measures add up to ``ANOMALOUS``. Whisper hallucinates on what is left of an utterance by saying its last
+    sentence again, and the alignment piles the copy's words on one frame."""
+    i = 0
+    while i < len(words):
+        j, score = i, 0.0
+        while j < len(words) and (d := words[j].end - words[j].start) < SHORT_S:
+            score += 15 * (SHORT_S - d) + (words[j].probability < UNLIKELY)
+            j += 1
+        if score >= ANOMALOUS:
+            return i
+        i = j + 1
+    return len(words)
+
+
 def _trim_long_words(words: list[Word]) -> None:
     """Whisper's guard against a word absorbing a pause: at a sentence end, a word longer than twice the median
     word duration (at most 0.7 s) is cut to that."""

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import DEV
 
-from asr_spec.alignment import dtw
+from asr_spec.alignment import Word, dtw, held
 from asr_spec.audio import load_audio
 from asr_spec.models.pair import Pair
 from asr_spec.transcribe import TranscribeOptions, Transcriber
@@ -58,6 +58,25 @@ def test_word_times_on_a_real_utterance(base_model):
         assert all(s.start <= w.start <= w.end <= s.end for w in s.words)
     country = [w for w in words if w.word.strip(" .,") == "country"]
     assert len(country) == 2 and 5.5 < country[0].start < 6.5 and 9.5 < country[1].start < 10.5
+    assert held(words) == len(words)  # the audio holds every word it says
+
+
+def test_a_run_of_words_the_audio_does_not_hold_is_found():
+    """Whisper's word anomaly measure: words piled on one frame after real ones (a hallucinated copy of the last
+    sentence) are not held, from the run's first word; a lone short word, a few quick ones, or unlikely but
+    well-timed words are; quick and unlikely words together are not."""
+    def words(*spans: tuple[float, float], probability: float = 0.9) -> list[Word]:
+        return [Word(f" w{i}", a, b, probability, 1) for i, (a, b) in enumerate(spans)]
+
+    said = [(0.0, 0.4), (0.4, 0.9), (0.9, 1.3)]
+    assert held(words(*said, (1.3, 1.3), (1.3, 1.3), (1.3, 1.35))) == 3
+    assert held(words(*said, (1.3, 1.3), (1.3, 1.3), (1.3, 1.6), (1.6, 2.0))) == 3  # a run inside the text
+    assert held(words(*said, (1.3, 1.3))) == 4  # one word squeezed at the end of the audio (2 of 3)
+    assert held(words(*said, (1.3, 1.4), (1.4, 1.5), (1.5, 1.6), (1.6, 1.7))) == 7  # quick words (4 x 0.5)
+    assert held(words(*said, probability=0.1)) == 3  # unlikely words that the audio holds
+    assert held(words(*said, (1.3, 1.4), (1.4, 1.5), (1.5, 1.6), probability=0.1)) == 3  # 3 x (0.5 + 1)
+    assert held(words((0.0, 0.0), (0.0, 0.0))) == 0
+    assert held([]) == 0
 
 
 @pytest.mark.parametrize("compute_type", ["float32", "bfloat16"])

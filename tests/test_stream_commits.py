@@ -60,6 +60,12 @@ def test_a_final_whose_text_ends_early_commits_only_what_was_said(tokenizer):
     s.apply(s.request(RequestKind.FINAL), Decoded(_result([tb] + said + [tb + 975])))
     assert s.intake.buffer_s == 0 and s.flushes == 1
 
+    # ... unless it ends on a timestamp pair (the next segment begun, then cut by the window's end): decoded again from
+    # it, as Whisper's loop seeks (a fast sender's 29.4 s final so ended 0.92 s early and lost "and France.")
+    s = _stream(tokenizer, 20, close=True)
+    s.apply(s.request(RequestKind.FINAL), Decoded(_result([tb] + said + [tb + 975, tb + 975])))
+    assert s.intake.start == pytest.approx(19.5) and s.flushes == 0 and s.due() is RequestKind.FINAL
+
 
 def test_a_final_whose_words_end_early_decodes_the_rest_again(tokenizer):
     """A final decode whose last segment is closed at the end of the audio but whose aligned words end long before
@@ -88,6 +94,31 @@ def test_a_final_whose_words_end_early_decodes_the_rest_again(tokenizer):
         s = _stream(tokenizer, 13, close=True)
         s.apply(s.request(RequestKind.FINAL), Decoded(_result(tokens), aligner=aligner))
         assert s.intake.buffer_s == 0 and s.flushes == 1
+
+
+def test_a_final_keeps_only_the_words_its_audio_holds(tokenizer):
+    """A final decode that says its last sentence again, the copy's words aligned on one frame (a fast sender's last
+    3.7 s at int8: "... in Germany and France. Not only in Italy, but in Germany and France.", the stream +13 WER points
+    over offline), commits the words before the copy; the audio after them is decoded again as usual (here it ends
+    ``unheard_s`` or more after them), prompted with them."""
+    tb = tokenizer.vocab.timestamp_begin
+    sentence = " not only in Italy, but in Germany and France."
+    tokens = [tb] + tokenizer.encode(sentence) + tokenizer.encode(" Not" + sentence[4:]) + [tb + 200]
+    first = sentence.split(" ")[1:]
+
+    def aligner(before: list[int], toks: list[int]) -> list[Word]:
+        said = [Word(" " + w, 0.3 * i, 0.3 * i + 0.28, 0.95, len(tokenizer.encode(" " + w))) for i, w in enumerate(first)]
+        return said + [Word(w.word.replace(" not", " Not"), 2.5, 2.5, 0.99, w.tokens) for w in said]
+
+    s = _stream(tokenizer, 4.0, close=True)
+    events = s.apply(s.request(RequestKind.FINAL), Decoded(_result(tokens), aligner=aligner))
+    finals = [e for e in events if e.type == "final"]
+    assert [e.text for e in finals] == [sentence.strip()] and finals[0].end == pytest.approx(2.68)
+    assert s.intake.buffer_s == pytest.approx(4.0 - 2.68) and s.due() is RequestKind.FINAL
+    request = s.request(RequestKind.FINAL)
+    assert tokenizer.decode(request.context).strip() == sentence.strip()
+    s.apply(request, Decoded(_result([])))
+    assert s.intake.buffer_s == 0 and s.flushes == 1 and s.stats.decoded_s == pytest.approx(4.0)
 
 
 def test_finals_say_how_they_join_the_text_before_them(tokenizer):

@@ -14,6 +14,7 @@ exactly once, decoded or (silence) skipped: ``stats`` counts both.
 """
 from __future__ import annotations
 
+from ..alignment import held
 from ..audio import SAMPLE_RATE
 from ..features import N_SAMPLES, TOKEN_SECONDS
 from ..recognizer import nothing_said
@@ -151,6 +152,7 @@ class Stream:
             self.context = []  # as Whisper does after a failed window: do not prompt with text that loops
         heard = len(request.audio)
         if request.kind is RequestKind.FINAL:
+            cont = self._held(cont)
             if self._ended_early(cont, heard):  # commit what was said, decode the rest again
                 return self._commit_window(cont, heard)
             if (said := self._words_end_early(cont, heard)) is not None:
@@ -173,8 +175,23 @@ class Stream:
         return events
 
     def _words(self, before: list[int], tokens: list[int]) -> list:
+        """The words of ``tokens`` (decoded after ``before``) aligned, up to the first run the audio does not hold
+        (alignment.held): no commit reaches into a hallucination."""
         aligner = None if self._decoded is None else self._decoded.aligner
-        return aligner(list(before), list(tokens)) if aligner is not None else []
+        words = aligner(list(before), list(tokens)) if aligner is not None else []
+        return words[:held(words)]
+
+    def _held(self, cont: list[int]) -> list[int]:
+        """A final decode's continuation up to its words' first run that the audio does not hold (alignment.held): on
+        what is left of an utterance Whisper may say its last sentence again ("... in Germany and France. Not only
+        in Italy, but in Germany and France.", the copy aligned on one frame), and a final commits all it keeps."""
+        aligner = None if self._decoded is None else self._decoded.aligner
+        if aligner is None or not any(t < self.vocab.eot for t in cont):
+            return cont
+        words = aligner(list(self.committed), list(cont))
+        if (n := held(words)) == len(words):
+            return cont
+        return cont[:self.boundaries.text_tokens(cont, sum(w.tokens for w in words[:n]))]
 
     # --- commits --------------------------------------------------------------------------------------
     def _commit_all(self, cont: list[int], decoded: int) -> list[Event]:
@@ -300,16 +317,20 @@ class Stream:
         return min(len(intake.audio), int(round(end * SAMPLE_RATE)))
 
     def _ended_early(self, cont: list[int], decoded: int) -> bool:
-        """Whether a final decode's text stops (at its last timestamp) well before the speech in the audio it
-        heard does: Whisper sometimes ends a window early. Committing the whole buffer would drop the words
-        after it; like Whisper's offline loop, which seeks to the last timestamp, the rest is decoded again."""
+        """Whether a final decode's text stops (at its last timestamp) before the speech in the audio it heard does:
+        ``unheard_s`` before it (Whisper sometimes ends a window early), or at all where the decode ends on a timestamp
+        pair (a segment closed, the next begun and cut by the window's end: where Whisper's offline loop always seeks
+        to the last timestamp; a 29.4 s final ended so 0.92 s before its speech did, and "and France." was lost).
+        Committing the whole buffer would drop the words after it; as Whisper's loop seeks, the rest is decoded again."""
         every = self.committed + cont
         ends = self._segment_ends(every)
         if not ends:
             return False
-        text_end = (every[ends[-1]] - self.vocab.timestamp_begin) * TOKEN_SECONDS
-        speech_end = self._speech_end(decoded)
-        return speech_end - text_end >= self.config.unheard_s
+        tb = self.vocab.timestamp_begin
+        text_end = (every[ends[-1]] - tb) * TOKEN_SECONDS
+        unheard = self._speech_end(decoded) - text_end
+        paired = every[-1] >= tb and every[-2] >= tb
+        return text_end > 0 and (unheard >= self.config.unheard_s or (paired and unheard > 0))
 
     def _words_end_early(self, cont: list[int], decoded: int) -> int | None:
         """Where (samples into the buffer) a final decode's words end, when its text closes with a timestamp at or
