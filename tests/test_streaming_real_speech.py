@@ -13,7 +13,7 @@ from asr_spec.audio import load_audio
 from asr_spec.decoding.rows import RowResult, RowStats
 from asr_spec.models.loader import default_draft, load_draft
 from asr_spec.streaming.config import StreamConfig
-from asr_spec.streaming.engine import Engine, stream_audio
+from asr_spec.streaming.engine import Engine, stream_audio, stream_pieces
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 pytestmark = pytest.mark.slow  # a real server, browser, subprocess or real weights
@@ -169,18 +169,8 @@ def test_an_utterance_ended_by_silence_decodes_only_what_it_commits(transcriber)
     voiced audio: decoded to the end of the buffer, Whisper closed its text at 3.0 s, on the onset, and the next
     utterance came back as "is not" (and a word's tail left behind came back as a second "Country.")."""
     audio = load_audio(DEV / "jfk-inaugural-1961-ask-not.wav")
-    engine = Engine(transcriber)
-    sid = engine.open(StreamConfig())
-    events = []
     cuts = [0, int(3.304 * 16000)] + list(range(int(5.104 * 16000), len(audio), 2 * 16000)) + [len(audio)]
-    for a, b in zip(cuts, cuts[1:]):
-        engine.feed(sid, audio[a:b])
-        while engine.poll():
-            events += engine.step().get(sid, [])
-    engine.flush(sid, close=True)
-    while engine.poll():
-        events += engine.step().get(sid, [])
-    engine.close(sid)
+    events = stream_pieces(Engine(transcriber), [audio[a:b] for a, b in zip(cuts, cuts[1:])])
     finals = [e for e in events if e.type == "final" and e.text]
     print([(e.start, e.end, e.text) for e in finals])
     assert finals[0].end < 3.0  # the first utterance ends inside the pause

@@ -26,7 +26,7 @@ from whisper_normalizer.english import EnglishTextNormalizer
 
 from asr_spec.audio import load_audio
 from asr_spec.models.loader import default_draft, load_draft, load_target
-from asr_spec.streaming.engine import Engine
+from asr_spec.streaming.engine import Engine, stream_pieces
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 pytestmark = pytest.mark.slow
@@ -204,16 +204,7 @@ def test_a_fast_senders_last_sentence_is_said_once(transcriber):
     such streams said (part of) a sentence twice, and 3 lost "and France." (docs/how-it-works.md)."""
     audio, reference = joined_with_text(25, 27, gap_s=0.4)
     audio = np.frombuffer(pcm16(audio), "<i2").astype(np.float32) / 32768  # as the server takes a client's frames
-    engine, events = Engine(transcriber), []
-    sid = engine.open()
-    for piece in (audio[:16000], audio[16000:]):
-        engine.feed(sid, piece)
-        while engine.poll():
-            events += engine.step().get(sid, [])
-    engine.flush(sid, close=True)
-    while engine.poll():
-        events += engine.step().get(sid, [])
-    engine.close(sid)
+    events = stream_pieces(Engine(transcriber), [audio[:16000], audio[16000:]])
     streamed = finals_text([e.as_dict() for e in events])
     offline = transcriber.transcribe(audio, TranscribeOptions(language="en")).text
     print(f"streamed: {streamed}\noffline:  {offline}")

@@ -223,15 +223,21 @@ class Engine:
 
 def stream_audio(engine: Engine, audio, config: StreamConfig = StreamConfig(), chunk_s: float = 0.5,
                  stats: list | None = None) -> list[Event]:
-    """Stream ``audio`` (16 kHz float32) through ``engine`` in ``chunk_s`` pieces, decoding whatever is due
-    before the next piece (a real-time stream with instant decoding), then close: the events a client
-    would get. The stream's statistics are appended to ``stats``."""
+    """Stream ``audio`` (16 kHz float32) through ``engine`` in ``chunk_s`` pieces (:func:`stream_pieces`)."""
+    step = int(chunk_s * 16000)
+    return stream_pieces(engine, [audio[start:start + step] for start in range(0, len(audio), step)], config, stats)
+
+
+def stream_pieces(engine: Engine, pieces: list, config: StreamConfig = StreamConfig(),
+                  stats: list | None = None) -> list[Event]:
+    """Stream audio ``pieces`` (16 kHz float32) through ``engine``, decoding whatever is due before the next piece (a
+    stream with instant decoding), then close: the events a client would get. The stream's statistics are appended
+    to ``stats``."""
     sid = engine.open(config)
     events: list[Event] = []
-    step = int(chunk_s * 16000)
     try:
-        for start in range(0, len(audio), step):
-            engine.feed(sid, audio[start:start + step])
+        for piece in pieces:
+            engine.feed(sid, piece)
             while engine.poll():
                 events += engine.step().get(sid, [])
         engine.flush(sid, close=True)
