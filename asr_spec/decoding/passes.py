@@ -21,6 +21,12 @@ from .rows import DecodeOptions
 from .slots import Slots
 
 Noise = Callable[[int], "torch.Tensor | None"]  # the sampler's noise at the j-th position after each row's end
+# A shortlist draft unsure of the text token it chose (its belief below REST_BELOW) proposes instead the best token
+# outside its shortlist (``CachedDecoder.rest``: the target's output layer over the draft's last hidden state) when
+# that token's logit is within REST_MARGIN of its choice's. Both chosen on training clips, never the dev set
+# (docs/how-it-works.md, "Words outside the draft's shortlist").
+REST_BELOW = 0.7
+REST_MARGIN = 2.0
 
 
 class PassRead:
@@ -49,38 +55,66 @@ class PassRead:
 
 
 def draft(decoder: CachedDecoder, s: Slots, k: int, o: DecodeOptions, catch_up: int, fixed: bool,
-          noise: Noise | None = None, stop: Callable[[torch.Tensor, torch.Tensor], bool] | None = None,
+          noise: Noise | None = None, stop: Callable[[torch.Tensor], bool] | None = None,
           clock: PassClock | None = None, forced: tuple[torch.Tensor, torch.Tensor] | None = None
           ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
     """Up to ``k`` draft tokens per row [b, kk], chosen as the target chooses (the same rules, the same noise). The
     draft first feeds each row's last ``catch_up`` tokens (the positions its cache lacks; a row with a shorter gap
     re-feeds cached positions, which is harmless). ``fixed``: the decoder's shapes do not depend on the positions (a
-    static decode's). ``stop`` (proposals' processed logits, choices) -> True ends drafting early (it reads the host).
+    static decode's). ``stop`` (the draft's belief in each row's proposal [b]) -> True ends drafting early (it reads the
+    host).
     ``forced`` (tokens [b, >= k], rows [b]): those rows propose these tokens instead of the draft's (a row's hint),
     and the draft reads them, so its cache holds what the row will hold if the target accepts them."""
     b, steps = s.n.shape[0], torch.arange(catch_up, device=s.n.device)
     fpos = (s.n[:, None] - catch_up + steps).clamp(min=0)
     feed, at = s.seq.gather(1, fpos), fpos.new_full((b, 1), catch_up - 1)
-    cols, state = decoder.columns, s.rule_state()
+    cols, state, rest = decoder.columns, s.rule_state(), decoder.rest_ids is not None
     proposals, noises = [], []
     for j in range(k):
         with phase(clock, "draft"):
-            logits = decoder(s.draft, feed, fpos, at, shortlist=True, fixed=fixed)[:, 0]
+            logits, hidden = decoder(s.draft, feed, fpos, at, shortlist=True, fixed=fixed, hidden=True)
         with phase(clock, "rules"):
-            processed = o.rules(logits.float(), state, cols)
+            processed = o.rules(logits[:, 0].float(), state, cols)
         nz = noise(j) if noise is not None else None
         noises.append(nz)
         with phase(clock, "acceptance"):
             c = o.sampler.choose(processed, nz if nz is None or cols.ids is None else nz[:, cols.ids])
             x = c if cols.ids is None else cols.ids[c]
+            belief = torch.softmax(processed, dim=-1).gather(1, c[:, None])[:, 0]
+            if rest:
+                x = outside_shortlist(decoder, hidden[:, 0], processed, c, x, belief, nz, o, fixed)
             if forced is not None:
                 x = torch.where(forced[1], forced[0][:, j], x)
         proposals.append(x)
-        if stop is not None and j + 1 < k and stop(processed, c):
+        if stop is not None and j + 1 < k and stop(belief):
             break
         state = state.push(x, o.rules.begin)
         feed, fpos, at = x[:, None], (s.n + j)[:, None], at.new_zeros(b, 1)
     return (torch.stack(proposals, 1) if proposals else s.n.new_empty(b, 0)), noises
+
+
+def outside_shortlist(decoder: CachedDecoder, hidden: torch.Tensor, processed: torch.Tensor, c: torch.Tensor,
+                      x: torch.Tensor, belief: torch.Tensor, noise: torch.Tensor | None, o: DecodeOptions,
+                      fixed: bool) -> torch.Tensor:
+    """The draft's proposals ``x`` [b] (columns ``c`` of ``processed``, believed ``belief``), each unsure text token
+    replaced by the best token outside the shortlist where that one scores within ``REST_MARGIN`` of it (perturbed
+    alike when sampling). On a CPU only the unsure rows are scored (none: nothing is); ``fixed`` (a CUDA graph's
+    capture) or on CUDA every row is, without reading the device."""
+    unsure = (belief < REST_BELOW) & (x < o.eot)
+    rows = None if fixed or x.is_cuda else unsure.nonzero()[:, 0]
+    if rows is not None and rows.numel() == 0:
+        return x
+    pick = (lambda t: t) if rows is None else (lambda t: t.index_select(0, rows))  # noqa: E731
+    ids = decoder.rest_ids
+    scores = o.sampler.perturbed(decoder.rest(pick(hidden)), None if noise is None else pick(noise)[:, ids])
+    best, at = scores.max(dim=-1)
+    chosen = pick(o.sampler.perturbed(processed.gather(1, c[:, None])[:, 0],
+                                      None if noise is None else noise.gather(1, x[:, None])[:, 0]))
+    margin = REST_MARGIN if noise is None else REST_MARGIN / o.sampler.temperature
+    take = pick(unsure) & (best + margin > chosen)
+    if rows is None:
+        return torch.where(take, ids[at], x)
+    return x.index_put((rows,), torch.where(take, ids[at], pick(x)))
 
 
 def verify(target: CachedDecoder, s: Slots, proposals: torch.Tensor, o: DecodeOptions,

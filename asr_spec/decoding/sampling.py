@@ -88,9 +88,13 @@ class Sampler:
             starts = torch.tensor([_mix(*r) for r in rows], device=device)
         return _uniform(starts, size).log_().neg_().log_().neg_()  # -log(-log U) is Gumbel(0, 1)
 
+    def perturbed(self, logits: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+        """The scores whose argmax is the token: the logits, perturbed when sampling."""
+        return logits if noise is None else logits / self.temperature + noise
+
     def choose(self, logits: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
         """The token of every row (and position): the argmax of the logits, perturbed when sampling."""
-        return logits.argmax(dim=-1) if noise is None else (logits / self.temperature + noise).argmax(dim=-1)
+        return self.perturbed(logits, noise).argmax(dim=-1)
 
     def verify(self, logits: torch.Tensor, drafts: torch.Tensor,
                noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -236,10 +236,8 @@ class DecodingTask(JoinRows):
         return passes.draft(self.draft, self.view(), k, self.o, catch_up, fixed=False, noise=self.noise,
                             stop=self._stop if self.o.stop_below > 0 else None, clock=self.clock, forced=forced)
 
-    def _stop(self, processed: torch.Tensor, chosen: torch.Tensor) -> bool:
+    def _stop(self, belief: torch.Tensor) -> bool:
         """The draft stops proposing once it believes every live row's proposal less than ``stop_below``."""
-        with phase(self.clock, "acceptance"):
-            belief = torch.softmax(processed, dim=-1).gather(1, chosen[:, None])
         with phase(self.clock, "host"):
             return bool((belief < self.o.stop_below).all())
 

@@ -210,10 +210,15 @@ class CachedDecoder:
     linear layers give a row the same bits whatever the other rows (``models/linear.py``); ``exact`` (targets)
     makes attention do the same: a row's numbers do not depend on the other rows or positions of a pass (see ``EXACT_QUERIES`` and
     ``KVCache.cross_groups``). Drafts need not be exact: the target verifies what they propose.
+
+    ``rest_ids`` (a shortlist draft's): tokens outside the shortlist that :meth:`rest` scores from the draft's last
+    hidden state with the target's own output layer (Whisper ties it to the token embeddings, which the draft shares),
+    in the layers' type: a word the shortlist lacks can still be proposed (``passes.draft``).
     """
 
     def __init__(self, decoder: nn.Module, head: torch.Tensor, head_ids: torch.Tensor | None = None,
-                 int8: str | None = None, exact: bool = False, dtype: torch.dtype | None = None):
+                 int8: str | None = None, exact: bool = False, dtype: torch.dtype | None = None,
+                 rest_ids: torch.Tensor | None = None):
         self.decoder = decoder
         self.int8 = int8
         self.exact = exact
@@ -234,6 +239,9 @@ class CachedDecoder:
         self.head_ids = head_ids
         self.columns = Columns(head_ids)
         self.head = linear(head.detach().to(self.dtype))
+        self.rest_ids = None if rest_ids is None else rest_ids.sort().values
+        self.rest_head = None if rest_ids is None else \
+            linear(decoder.embed_tokens.weight.detach()[self.rest_ids].to(self.dtype))
         self.max_positions = decoder.embed_positions.weight.shape[0]
 
     @property
@@ -278,13 +286,14 @@ class CachedDecoder:
     def __call__(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
                  logits_at: torch.Tensor | None = None, shortlist: bool = False,
                  cross_scores: dict[int, Sequence[int] | torch.Tensor] | None = None, fixed: bool = False,
-                 scores_from: int = 0) -> torch.Tensor:
+                 scores_from: int = 0, hidden: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Feed ``tokens`` [B, T] at ``positions`` [B, T]; return logits [B, T', V] at the time
         indices ``logits_at`` [B, T'] (all T when None). ``cross_scores`` {layer: heads, ...}: each entry is
         replaced by those heads' cross-attention scores before the softmax of the queries from ``scores_from`` on
         [B, len(heads), T - scores_from, S] (word timing).
         ``fixed``: attend over the whole self-attention cache, masked (as an exact decoder does), so that no shape
-        depends on the positions and the call never reads the device (a CUDA graph's capture)."""
+        depends on the positions and the call never reads the device (a CUDA graph's capture). ``hidden``: also
+        the final layer norm's output at those indices [B, T', D] (what :meth:`rest` reads)."""
         b, t = tokens.shape
         dec = self.decoder
         pos = positions.clamp(max=self.max_positions - 1)
@@ -344,8 +353,15 @@ class CachedDecoder:
             x = x + layer.fc2(F.gelu(layer.fc1(layer.ln3(x))))
         if logits_at is not None:
             x = x.gather(1, logits_at[:, :, None].expand(-1, -1, x.shape[-1]))
-        logits = self.head(self.final_norm(x)).float()
+        x = self.final_norm(x)
+        logits = self.head(x).float()
         if self.head_ids is None or shortlist:
-            return logits
+            return (logits, x) if hidden else logits
         full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
-        return full.index_copy_(-1, self.head_ids, logits)
+        full.index_copy_(-1, self.head_ids, logits)
+        return (full, x) if hidden else full
+
+    def rest(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [N, len(rest_ids)] (float32) of the tokens outside the shortlist for hidden states [N, D]
+        (``__call__``'s ``hidden``)."""
+        return self.rest_head(hidden).float()

@@ -260,7 +260,8 @@ def load_draft(spec: str, target: Whisper, int8: bool | None = None) -> Draft:
     # anyway, and bfloat16 attention over one query takes a slow path (draft step at int8_bfloat16: 0.92 ms in
     # bfloat16, 0.62 in float32; AMD EPYC, 2 threads)
     compute = torch.float32 if int8 and device.type == "cpu" else dtype
-    decoder = lambda net, head, ids=None: CachedDecoder(net, head, ids, int8=quant, dtype=compute)  # noqa: E731
+    decoder = lambda net, head, ids=None, rest_ids=None: CachedDecoder(net, head, ids, int8=quant,  # noqa: E731
+                                                                       dtype=compute, rest_ids=rest_ids)
     if spec.startswith("layers:"):
         layers = [int(i) for i in spec.split(":", 1)[1].split(",") if i.strip()]
         net = truncated_draft(target, layers)
@@ -338,4 +339,17 @@ def load_distilled(path: Path, target: Whisper,
     # output layer; rows outside the shortlist are zero (logit 0) since a linear layer cannot say -inf
     full = head if head_ids is None else head.new_zeros(vocab, head.shape[1]).index_copy_(0, head_ids, head)
     draft.proj_out.weight = nn.Parameter(full, requires_grad=False)
-    return Draft(decoder(dec, head, head_ids), None, str(path), draft)
+    return Draft(decoder(dec, head, head_ids, rest_ids=outside(target, head_ids)), None, str(path), draft)
+
+
+def outside(target: Whisper, head_ids: torch.Tensor | None) -> torch.Tensor | None:
+    """The text tokens Whisper may say (not suppressed) that a draft's shortlist ``head_ids`` lacks (None: no
+    shortlist): what the draft scores with the target's output layer where its shortlist is unsure
+    (``CachedDecoder.rest``)."""
+    if head_ids is None:
+        return None
+    eot = target.vocab.eot
+    keep = torch.ones(eot, dtype=torch.bool)
+    keep[head_ids[head_ids < eot].cpu()] = False
+    keep[[t for t in target.vocab.suppress if t < eot]] = False
+    return keep.nonzero()[:, 0].to(head_ids.device)
