@@ -9,7 +9,7 @@ import torch
 from tiny import as_large_v3_vocabulary
 
 from asr_spec.models.ct2 import read_model_bin
-from asr_spec.models.loader import distilled_decoder, load_draft, load_target, save_distilled
+from asr_spec.models.loader import distilled_decoder, load_draft, load_target, outside, save_distilled
 from asr_spec.models.sources import ModelError, _package_data
 from asr_spec.models.tiny import save_tiny
 from asr_spec.transcribe import Transcriber
@@ -57,6 +57,12 @@ def test_each_draft_kind_loads_and_decodes_exactly(tiny_target, tmp_path, kind):
     draft = load_draft(str(path), tiny_target)
     assert (draft.encoder is not None) == (kind == "full-whisper")
     assert (draft.decoder.head_ids is not None) == (kind == "distilled-format")
+    if kind == "distilled-format":  # every text token Whisper may say is proposable: in the shortlist or outside it
+        eot, suppressed = tiny_target.vocab.eot, set(tiny_target.vocab.suppress)
+        assert draft.decoder.rest_ids is None  # on a CPU the words outside are not scored (loader.load_distilled)
+        rest = outside(tiny_target, draft.decoder.head_ids).tolist()
+        assert sorted(set(ids) | set(rest)) == sorted(set(ids) | (set(range(eot)) - suppressed))
+        assert not set(rest) & (set(ids) | suppressed) and max(rest) < eot
     ref = _target_alone(tiny_target)
     spec = _greedy(tiny_target, draft)
     assert [r.tokens for r in spec] == ref

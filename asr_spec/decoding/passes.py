@@ -24,7 +24,7 @@ Noise = Callable[[int], "torch.Tensor | None"]  # the sampler's noise at the j-t
 # A shortlist draft unsure of the text token it chose (its belief below REST_BELOW) proposes instead the best token
 # outside its shortlist (``CachedDecoder.rest``: the target's output layer over the draft's last hidden state) when
 # that token's logit is within REST_MARGIN of its choice's. Both chosen on training clips, never the dev set
-# (docs/how-it-works.md, "Words outside the draft's shortlist").
+# (docs/how-it-works.md §3, "Words outside the shortlist"). A distilled draft has them on CUDA only (loader.py).
 REST_BELOW = 0.7
 REST_MARGIN = 2.0
 
@@ -80,7 +80,7 @@ def draft(decoder: CachedDecoder, s: Slots, k: int, o: DecodeOptions, catch_up: 
         with phase(clock, "acceptance"):
             c = o.sampler.choose(processed, nz if nz is None or cols.ids is None else nz[:, cols.ids])
             x = c if cols.ids is None else cols.ids[c]
-            belief = torch.softmax(processed, dim=-1).gather(1, c[:, None])[:, 0]
+            belief = torch.softmax(processed, dim=-1).gather(1, c[:, None])[:, 0] if rest or stop is not None else None
             if rest:
                 x = outside_shortlist(decoder, hidden[:, 0], processed, c, x, belief, nz, o, fixed)
             if forced is not None:

@@ -339,7 +339,12 @@ def load_distilled(path: Path, target: Whisper,
     # output layer; rows outside the shortlist are zero (logit 0) since a linear layer cannot say -inf
     full = head if head_ids is None else head.new_zeros(vocab, head.shape[1]).index_copy_(0, head_ids, head)
     draft.proj_out.weight = nn.Parameter(full, requires_grad=False)
-    return Draft(decoder(dec, head, head_ids, rest_ids=outside(target, head_ids)), None, str(path), draft)
+    # the words outside the shortlist are scored on CUDA only: on a CPU their product (~40,000 rows, 0.9-1.8 ms a
+    # draft step at int8) cost what the passes it saved gain (AVX2 EPYC, float32: 2.4 % fewer target passes, decode
+    # 2-3 % slower at batch 1 and 8; eval/results/avx2-current/outside-shortlist); in a CUDA graph it is one small
+    # product
+    rest = outside(target, head_ids) if target.decoder.device.type == "cuda" else None
+    return Draft(decoder(dec, head, head_ids, rest_ids=rest), None, str(path), draft)
 
 
 def outside(target: Whisper, head_ids: torch.Tensor | None) -> torch.Tensor | None:
