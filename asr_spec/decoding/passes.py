@@ -82,7 +82,7 @@ def draft(decoder: CachedDecoder, s: Slots, k: int, o: DecodeOptions, catch_up: 
             x = c if cols.ids is None else cols.ids[c]
             belief = torch.softmax(processed, dim=-1).gather(1, c[:, None])[:, 0] if rest or stop is not None else None
             if rest:
-                x = outside_shortlist(decoder, hidden[:, 0], processed, c, x, belief, nz, o, fixed)
+                x = outside_shortlist(decoder, hidden[:, 0], processed, c, x, belief, nz, o)
             if forced is not None:
                 x = torch.where(forced[1], forced[0][:, j], x)
         proposals.append(x)
@@ -94,27 +94,16 @@ def draft(decoder: CachedDecoder, s: Slots, k: int, o: DecodeOptions, catch_up: 
 
 
 def outside_shortlist(decoder: CachedDecoder, hidden: torch.Tensor, processed: torch.Tensor, c: torch.Tensor,
-                      x: torch.Tensor, belief: torch.Tensor, noise: torch.Tensor | None, o: DecodeOptions,
-                      fixed: bool) -> torch.Tensor:
+                      x: torch.Tensor, belief: torch.Tensor, noise: torch.Tensor | None, o: DecodeOptions) -> torch.Tensor:
     """The draft's proposals ``x`` [b] (columns ``c`` of ``processed``, believed ``belief``), each unsure text token
     replaced by the best token outside the shortlist where that one scores within ``REST_MARGIN`` of it (perturbed
-    alike when sampling). On a CPU only the unsure rows are scored (none: nothing is); ``fixed`` (a CUDA graph's
-    capture) or on CUDA every row is, without reading the device."""
-    unsure = (belief < REST_BELOW) & (x < o.eot)
-    rows = None if fixed or x.is_cuda else unsure.nonzero()[:, 0]
-    if rows is not None and rows.numel() == 0:
-        return x
-    pick = (lambda t: t) if rows is None else (lambda t: t.index_select(0, rows))  # noqa: E731
+    alike when sampling). Every row is scored, without reading the device (a CUDA graph's capture)."""
     ids = decoder.rest_ids
-    scores = o.sampler.perturbed(decoder.rest(pick(hidden)), None if noise is None else pick(noise)[:, ids])
-    best, at = scores.max(dim=-1)
-    chosen = pick(o.sampler.perturbed(processed.gather(1, c[:, None])[:, 0],
-                                      None if noise is None else noise.gather(1, x[:, None])[:, 0]))
+    best, at = o.sampler.perturbed(decoder.rest(hidden), None if noise is None else noise[:, ids]).max(dim=-1)
+    chosen = o.sampler.perturbed(processed.gather(1, c[:, None])[:, 0],
+                                 None if noise is None else noise.gather(1, x[:, None])[:, 0])
     margin = REST_MARGIN if noise is None else REST_MARGIN / o.sampler.temperature
-    take = pick(unsure) & (best + margin > chosen)
-    if rows is None:
-        return torch.where(take, ids[at], x)
-    return x.index_put((rows,), torch.where(take, ids[at], pick(x)))
+    return torch.where((belief < REST_BELOW) & (x < o.eot) & (best + margin > chosen), ids[at], x)
 
 
 def verify(target: CachedDecoder, s: Slots, proposals: torch.Tensor, o: DecodeOptions,
