@@ -100,6 +100,17 @@ def budget_table(doc: dict) -> str:
     return md_table(head, rows)
 
 
+def misses_table(doc: dict) -> str:
+    """eval/experiments/draft_misses.py: per corpus, the draft's teacher-forced agreement and its misses by kind."""
+    kinds = ("text", "text outside the shortlist", "timestamp closing a segment")
+    head = ["corpus", "positions", "draft agrees", *(f"{k}: missed / all" for k in kinds),
+            "outside the shortlist: the target's layer picks it"]
+    rows = [[corpus, r["positions"], f"{r['agree']} %",
+             *(f"{r['kinds'][k]['misses']} / {r['kinds'][k]['positions']}" if k in r["kinds"] else "—" for k in kinds),
+             r["kinds"].get(kinds[1], {}).get("target_layer_picks_it", "—")] for corpus, r in doc["by_corpus"].items()]
+    return md_table(head, rows)
+
+
 def host_table(doc: dict) -> str:
     """eval/host_ceiling.py before and after: engine seconds per second of audio with the tiny model."""
     head = ["sessions", "before: engine s per audio s", "after: engine s per audio s", "after / before"]
@@ -247,7 +258,8 @@ KINDS: dict[str, tuple[Callable[..., str], Callable[[dict, str], Figure] | None]
     "projection": (projection_table, None), "host": (host_table, None),
     "streaming-wer": (wer_table, None),
     "streaming-capacity": (capacity_table, capacity_plot), "live-uploads": (live_table, None),
-    "word-timestamps": (word_table, None), "ray": (ray_table, None), "encoder": (encoder_table, None)}
+    "word-timestamps": (word_table, None), "ray": (ray_table, None), "encoder": (encoder_table, None),
+    "draft-misses": (misses_table, None)}
 
 
 def save(fig: Figure, path: Path) -> None:
