@@ -41,8 +41,13 @@ class Example:
 
     @property
     def held_aside(self) -> bool:
-        """About 1 in 16 examples, chosen by id, measure held-aside acceptance during training."""
-        return hashlib.sha1(self.id.encode()).digest()[0] % 16 == 0
+        return held_aside(self.id)
+
+
+def held_aside(example_id: str) -> bool:
+    """About 1 in 16 examples, chosen by id, measure held-aside acceptance during training (a real clip's first
+    window: ``"{file stem}@0"``)."""
+    return hashlib.sha1(example_id.encode()).digest()[0] % 16 == 0
 
 
 def audio_files(dirs: list[Path]) -> list[Path]:
