@@ -17,7 +17,10 @@ times anything. ``ASR_SPEC_MEASURE=off`` measures nothing (the test suite).
 from __future__ import annotations
 
 import argparse
+import atexit
+import ctypes
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -29,30 +32,32 @@ import torch
 
 from .audio import SAMPLE, load_audio
 from .features import log_mel, window
-from .models.auto import DraftWidths, kept_path, write_kept
+from .models.auto import DraftWidths, count_stops, kept_path, kept_widths, once, timed, write_kept
+from .models.cache import cache_dir, locked
 from .models.loader import Draft, ModelOptions, Whisper, load
 from .models.pair import Pair
-from .models.sources import cache_dir
 from .recognizer import Recognizer
 
 ROUNDS = 3  # decodes of each kind per width (medians compared)
 WIDTHS = {"cpu": (1, 8), "cuda": (1, 8, 16)}
-LOCK = "measuring.pid"
+LOCK = "measuring.lock"  # held by the measurement while it runs
 
 
 def decode_seconds(rec: Recognizer, memory: Pair[torch.Tensor], width: int, use_draft: bool) -> float:
     """Wall seconds of one greedy decode of ``width`` copies of the sample's window (``memory``: its encoder outputs,
-    the target's and the draft's)."""
+    the target's and the draft's), timed again when this process was stopped meanwhile (``auto.timed``)."""
     v = rec.vocab
     request = rec.prompt([], "en" if v.multilingual else None, "transcribe", timestamps=True)
     rows = lambda m: m.expand(width, -1, -1).contiguous()  # noqa: E731
     memories = Pair(rows(memory.target), None if memory.draft is None else rows(memory.draft))
     sync = torch.cuda.synchronize if memory.target.is_cuda else (lambda: None)
     sync()
-    t0 = time.perf_counter()
-    rec.decode(memories, [request] * width, use_draft=use_draft, static=True)
-    sync()
-    return time.perf_counter() - t0
+
+    def decode() -> None:
+        rec.decode(memories, [request] * width, use_draft=use_draft, static=True)
+        sync()
+
+    return timed(decode, 1)[0]
 
 
 def measure_widths(target: Whisper, draft: Draft, widths: tuple[int, ...], rounds: int = ROUNDS,
@@ -79,12 +84,16 @@ def measured_widths(options: ModelOptions, target: Whisper, draft: Draft,
                     before_each: Callable[[], None] = lambda: None) -> DraftWidths:
     """Measure where ``draft`` pays with ``target`` here (now), keep it and return it."""
     kind = torch.device(options.device).type
-    seconds = measure_widths(target, draft, WIDTHS.get(kind, WIDTHS["cpu"]), before_each=before_each)
-    pays = {w: s["spec"] < s["target"] for w, s in seconds.items()}
     key = options.widths_key(target.precision.name)
-    write_kept(kept_path(cache_dir(), "draft-widths", key),
-               {"key": key, "pays": pays, "seconds": seconds, "rounds": ROUNDS, "torch": torch.__version__})
-    return DraftWidths(pays)
+    path = kept_path(cache_dir(), "draft-widths", key)
+
+    def measure() -> DraftWidths:
+        seconds = measure_widths(target, draft, WIDTHS.get(kind, WIDTHS["cpu"]), before_each=before_each)
+        pays = {w: s["spec"] < s["target"] for w, s in seconds.items()}
+        write_kept(path, {"key": key, "pays": pays, "seconds": seconds, "rounds": ROUNDS, "torch": torch.__version__})
+        return DraftWidths(pays)
+
+    return once(path, lambda: kept_widths(key, cache_dir()), measure)
 
 
 def settle(options: ModelOptions, target: Whisper, draft: Draft | None, background: bool = False) -> Draft | None:
@@ -108,26 +117,66 @@ def measuring() -> bool:
 
 
 def measure_later(options: ModelOptions) -> bool:
-    """Start ``python -m asr_spec.measure`` for ``options`` in the background at the lowest CPU priority, unless a
-    measurement is already running. Returns whether it started one."""
-    lock = cache_dir() / LOCK
-    try:
-        pid = int(lock.read_text())
-        if b"asr_spec.measure" in open(f"/proc/{pid}/cmdline", "rb").read():
-            return False  # one is running
-    except (OSError, ValueError):
-        pass  # none, or a stale lock (its process gone, or the number now another process's)
+    """Start ``python -m asr_spec.measure`` for ``options`` in the background, unless one is measuring already on this
+    cache. It runs at the lowest CPU priority in this session (so that the priority counts against this process's
+    threads), and this process stops it while it has work (:func:`hold`); if this process dies, the kernel continues
+    it, and it finishes for the processes after it. Returns whether it started one."""
+    if _measuring_elsewhere():
+        return False
     cache_dir().mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "asr_spec.measure", "--model", options.model, "--draft", str(options.draft),
             "--device", options.device, "--compute-type", options.compute_type, "--threads", str(options.threads),
             "--background"]
     with open(cache_dir() / "measuring.log", "ab") as log:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                                 preexec_fn=lambda: os.nice(19))
-    lock.write_text(str(child.pid))
-    print(f"measuring this machine in the background (lowest priority; log: {cache_dir() / 'measuring.log'}): "
-          "later processes use what it finds", file=sys.stderr)
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, process_group=0,
+                                 preexec_fn=_lowest_priority)
+    _BACKGROUND[:] = [child]
+    _HELD[0] = False
+    atexit.register(hold, False)
+    print(f"measuring this machine in the background (lowest priority, paused while sessions or uploads are open; "
+          f"log: {cache_dir() / 'measuring.log'}): later processes use what it finds", file=sys.stderr)
     return True
+
+
+_BACKGROUND: list[subprocess.Popen] = []  # the background measurement this process started
+_HELD = [False]  # whether this process has stopped it
+
+
+def hold(busy: bool) -> None:
+    """Stop this process's background measurement while the process has work (``busy``: a live session, an
+    upload), so that it never takes a core from that work; continue it once there is none. Idempotent and cheap
+    (a server calls it on every turn of its decoding loop)."""
+    if not _BACKGROUND or busy == _HELD[0]:
+        return
+    child = _BACKGROUND[0]
+    if child.poll() is not None:
+        _BACKGROUND.clear()
+        return
+    try:
+        os.kill(child.pid, signal.SIGSTOP if busy else signal.SIGCONT)
+        _HELD[0] = busy
+    except ProcessLookupError:
+        _BACKGROUND.clear()
+
+
+def _lowest_priority() -> None:
+    """In the child before it runs: nice 19, and continued (SIGCONT) by the kernel when its parent dies, so that a
+    measurement its server stopped does not stay stopped."""
+    os.nice(19)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGCONT, 0, 0, 0)
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _measuring_elsewhere() -> bool:
+    """Whether a measurement holds this cache's lock (it holds it while it runs)."""
+    try:
+        with locked(cache_dir() / LOCK, timeout=0) as free:
+            return not free
+    except OSError:
+        return True  # a read-only cache: nothing to keep a measurement in
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -175,7 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     pause = (lambda: wait_quiet(a.patience)) if a.background else (lambda: None)
     options = ModelOptions(a.model, None if a.draft == "None" else a.draft, a.device, a.compute_type, a.threads)
-    try:
+    count_stops()  # the server that started it stops it while it works: timings a stop fell into are taken again
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # its terminal closing, or its process group orphaned while stopped
+    with locked(cache_dir() / LOCK, timeout=0) as mine:
+        if not mine:
+            print("another process is measuring this machine already", file=sys.stderr)
+            return 0
         pause()
         if options.compute_type == "auto" and options.kept_type() is None:
             options.measure_type(before_each=pause)
@@ -186,10 +240,6 @@ def main(argv: list[str] | None = None) -> int:
                 draft = replace(draft, widths=measured_widths(o, target, draft, before_each=pause))
             if draft is not None:
                 print(f"{target.name}: {draft.widths.describe()}", file=sys.stderr)
-    finally:
-        lock = cache_dir() / LOCK
-        if lock.exists() and lock.read_text().strip() == str(os.getpid()):
-            lock.unlink()
     return 0
 
 

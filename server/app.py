@@ -37,6 +37,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
+from asr_spec.measure import hold
 from asr_spec.models.loader import Draft, Whisper
 from asr_spec.recognizer import Recognizer
 from asr_spec.streaming.engine import Engine
@@ -88,6 +89,8 @@ class Server:
     def _infer(self) -> None:
         shared = self.shared
         while not self._stop.is_set():
+            # a background measurement of this machine (asr_spec.measure) runs only while there is no work
+            hold(bool(self.connections) or (self.files is not None and self.files.busy))
             if not self.engine.poll():
                 self._live.clear()
                 shared.sleep(0.02)
@@ -238,6 +241,7 @@ class Server:
             self.files.stop()
         if self._worker is not None:
             await asyncio.to_thread(self._worker.join, SHUTDOWN_JOIN_S)
+        hold(False)
         self.shared.pool.shutdown(wait=False)
         if self._worker is not None and self._worker.is_alive():
             log.warning("the inference thread is still decoding after %g s; exiting without it", SHUTDOWN_JOIN_S)

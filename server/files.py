@@ -75,6 +75,7 @@ class FileWorker:
         self._waiting: queue.Queue[tuple[Upload, Future]] = queue.Queue()
         self._held: list[tuple[Upload, Future]] = []  # taken from the queue, waiting for a batch with its options
         self._stop = threading.Event()
+        self._running = False  # a batch is being transcribed
         self._thread = threading.Thread(target=self._run, name="asr_spec-files", daemon=True)
         self._thread.start()
 
@@ -86,6 +87,11 @@ class FileWorker:
         future: Future = Future()
         self._waiting.put((upload, future))
         return future
+
+    @property
+    def busy(self) -> bool:
+        """Whether uploads are waiting or being transcribed."""
+        return self._running or bool(self._held) or not self._waiting.empty()
 
     def stop(self) -> None:
         self._stop.set()
@@ -130,6 +136,7 @@ class FileWorker:
                         yield id(future), (lambda a=upload.audio: a)
                     item = self._next(options)
 
+            self._running = True
             try:
                 for key, result in self.transcriber.transcribe_many(items(), options, self.batch_size,
                                                                     before_step=self._yield):
@@ -142,4 +149,6 @@ class FileWorker:
                 log.exception("transcription failed")
                 for future in futures.values():
                     future.set_exception(Failed(f"transcription failed: {e}"))
+            finally:
+                self._running = False
             release_pool()  # idle: the process's OpenMP pool is the live streams' decoding thread's (threads.py)

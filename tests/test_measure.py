@@ -67,21 +67,26 @@ def test_the_measurement_decodes_the_sample_at_each_width(short_target):
 def test_a_process_that_must_not_wait_guesses_and_measures_in_the_background(tiny_dir, tmp_path, monkeypatch,
                                                                              capsys):
     """Nothing measured here: the guesses now (auto's type, the widths), and one background measurement started at
-    the lowest priority; none while one runs, none under ASR_SPEC_MEASURE=off."""
+    the lowest priority in this session (its own process group); none while one holds the cache's measurement lock,
+    none under ASR_SPEC_MEASURE=off."""
     import subprocess
     import sys
 
     monkeypatch.setenv("ASR_SPEC_CACHE", str(tmp_path))
     monkeypatch.setenv("ASR_SPEC_MEASURE", "on")
+    monkeypatch.setattr(measure, "_BACKGROUND", [])
     started = []
-    # what a running measurement looks like to the lock: a live process of that name
-    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "asr_spec.measure"])
+    real_popen = subprocess.Popen
+    sleeper = real_popen([sys.executable, "-c", "import time; time.sleep(60)"])
 
     class Child:
-        pid = running.pid
+        pid = sleeper.pid
 
         def __init__(self, argv, **kw):
             started.append((argv, kw))
+
+        def poll(self):
+            return None
 
     monkeypatch.setattr(measure.subprocess, "Popen", Child)
     options = ModelOptions(str(tiny_dir), "layers:0", "cpu", "auto", measure_now=False)
@@ -91,19 +96,94 @@ def test_a_process_that_must_not_wait_guesses_and_measures_in_the_background(tin
     assert measure.settle(options, target, draft) is draft and not started  # a batch command: no background process
     assert measure.settle(options, target, draft, background=True) is draft  # a server
     (argv, kw), = started
-    assert argv[1:3] == ["-m", "asr_spec.measure"] and "--compute-type" in argv and kw["start_new_session"]
+    assert argv[1:3] == ["-m", "asr_spec.measure"] and "--compute-type" in argv
+    assert kw["process_group"] == 0 and "start_new_session" not in kw  # nice 19 counts against this session's threads
     assert "in the background" in capsys.readouterr().err
-    measure.settle(options, target, draft, background=True)  # the lock names a live process: not again
+    holder = real_popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+                               str(tmp_path / measure.LOCK)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        measure.settle(options, target, draft, background=True)  # one is measuring this cache: not another
+        assert len(started) == 1
+    finally:
+        holder.kill()
+        holder.wait(10)
     monkeypatch.setenv("ASR_SPEC_MEASURE", "off")
-    (tmp_path / measure.LOCK).unlink()
     measure.settle(options, target, draft, background=True)
     assert len(started) == 1
-    (tmp_path / measure.LOCK).write_text(str(os.getpid()))  # a stale lock: its number is another process's
     monkeypatch.setenv("ASR_SPEC_MEASURE", "on")
-    running.kill()
-    running.wait(10)
-    measure.settle(options, target, draft, background=True)
+    measure.settle(options, target, draft, background=True)  # the holder is gone: its lock with it
     assert len(started) == 2
+    measure.hold(True)  # what a server does while it has work: the child is stopped ...
+    assert process_state(sleeper.pid, "T")
+    measure.hold(False)  # ... and continued once the server is idle
+    assert process_state(sleeper.pid, "S")
+    sleeper.kill()
+    sleeper.wait(10)
+
+
+def process_state(pid: int, state: str, within_s: float = 10.0) -> bool:
+    """Whether process ``pid`` reaches ``state`` (/proc's letter: T stopped, S sleeping, R running) in time."""
+    import time
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if state_of(pid) == state:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def state_of(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None  # gone
+
+
+@pytest.mark.slow
+def test_a_stopped_measurement_is_continued_when_its_server_dies_and_keeps_its_findings(tmp_path):
+    """A server stops its background measurement while it works (``hold``); killed meanwhile, the kernel continues the
+    measurement (its parent-death signal), which finishes and keeps where the draft pays."""
+    import subprocess
+    import sys
+    import time
+
+    from asr_spec.models.tiny import save_tiny
+
+    tiny_dir = save_tiny(tmp_path / "short", seed=0, max_target_positions=32)
+    cache = tmp_path / "cache"
+    env = {**os.environ, "ASR_SPEC_CACHE": str(cache), "ASR_SPEC_MEASURE": "on"}
+    server = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+from asr_spec import measure
+from asr_spec.models.loader import ModelOptions
+assert measure.measure_later(ModelOptions({str(tiny_dir)!r}, "layers:0", "cpu", "float32", threads=1))
+print(measure._BACKGROUND[0].pid, flush=True)
+time.sleep(1.0)
+measure.hold(True)
+print("held", flush=True)
+time.sleep(120)
+"""], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        child = int(server.stdout.readline())
+        assert server.stdout.readline() == "held\n", server.stderr.read()[-2000:]
+        assert process_state(child, "T"), "hold(True) did not stop the measurement"
+        time.sleep(1.0)
+        assert state_of(child) == "T", "the measurement ran on while held"
+    finally:
+        server.kill()
+        server.wait(10)
+    deadline = time.monotonic() + 300
+    while state_of(child) not in (None, "Z") and time.monotonic() < deadline:
+        assert state_of(child) != "T" or time.monotonic() < deadline - 295, "still stopped after its server died"
+        time.sleep(0.2)
+    log = (cache / "measuring.log").read_text()
+    kept = list((cache / "draft-widths").glob("*.json"))
+    assert kept, f"the continued measurement kept nothing; its log: {log[-2000:]}"
+    assert json.loads(kept[0].read_text())["pays"], log[-2000:]
 
 
 @pytest.mark.slow

@@ -144,13 +144,18 @@ def mic(settings: MicSettings) -> int:
             print(f"error: cannot stream to {settings.url}: {e}", file=sys.stderr)
             return 1
     else:
+        from ..measure import hold
         from ..recognizer import Recognizer
         from ..streaming.engine import Engine
 
         if (models := load(settings.models.options(), background=True)) is None:
             return 1
         print("listening (in-process engine); Ctrl-C to stop", file=sys.stderr)
-        with source:
-            run_local(Engine(Recognizer(*models)), source, display, language, settings.commit_policy)
+        hold(True)  # a background measurement of this machine waits until the live session ends
+        try:
+            with source:
+                run_local(Engine(Recognizer(*models)), source, display, language, settings.commit_policy)
+        finally:
+            hold(False)
     print("\n\ntranscript:\n" + display.transcript)
     return 0

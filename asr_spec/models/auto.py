@@ -13,17 +13,21 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 
+from .cache import locked
 from .compute import amx, int8_kernels, native_bfloat16
 from .kv_decoder import CachedDecoder
+
+T = TypeVar("T")
 
 # the code whose costs a kept measurement reflects: one of another revision is measured again (2: bfloat16 attention
 # taken apart in encoders and decoders, 2026-11-28: bfloat16 from 6 % to 2 % slower than int8_bfloat16 on an AVX512-BF16 EPYC;
@@ -31,6 +35,7 @@ from .kv_decoder import CachedDecoder
 REVISION = 3
 PASSES = 12  # speculative passes per window: a dev utterance's 26 tokens at ~2.2 per pass
 K = 3  # draft steps per pass (the default draft length)
+LOCK_WAIT_S = 120.0  # longest wait for another process's measurement of the same thing
 
 
 def native_types(device: str | torch.device = "cpu") -> list[str]:
@@ -68,12 +73,31 @@ def window_seconds(encode: Callable[[torch.Tensor], torch.Tensor], n_mels: int, 
             torch.cuda.synchronize(dev)
 
     window()
+    return statistics.median(timed(window, rounds))
+
+
+_CONTINUED = [0]  # times this process was continued after a stop (SIGCONT)
+
+
+def count_stops() -> None:
+    """Count this process's stops (a server stops its background measurement while it has work: measure.py), so that
+    :func:`timed` can tell a timing a stop fell into."""
+    signal.signal(signal.SIGCONT, lambda *_: _CONTINUED.__setitem__(0, _CONTINUED[0] + 1))
+
+
+def timed(run: Callable[[], object], rounds: int, tries: int = 20) -> list[float]:
+    """Seconds of ``rounds`` calls of ``run``; a call during which the process was stopped and continued is timed
+    again (``tries`` times at most: then it counts as it is)."""
     took = []
     for _ in range(rounds):
-        t0 = time.perf_counter()
-        window()
-        took.append(time.perf_counter() - t0)
-    return statistics.median(took)
+        for _ in range(tries):
+            before, t0 = _CONTINUED[0], time.perf_counter()
+            run()
+            seconds = time.perf_counter() - t0
+            if _CONTINUED[0] == before:
+                break
+        took.append(seconds)
+    return took
 
 
 def kept_path(cache: Path, kind: str, key: str) -> Path:
@@ -99,6 +123,22 @@ def guessed_type(device: str | torch.device = "cpu") -> str:
     return "int8_float32" if int8_kernels(device) else "float32"
 
 
+def once(path: Path, kept: Callable[[], T | None], measure: Callable[[], T]) -> T:
+    """What is kept at ``path`` (``kept()``), else ``measure()`` (which keeps it there), by one process at a time: a
+    process that finds another measuring waits for it and takes what it found. It measures by itself after
+    :data:`LOCK_WAIT_S`, or at once when the one measuring is stopped (a server's background measurement, held while
+    the server works)."""
+    if (k := kept()) is not None:
+        return k
+    try:
+        with locked(path.with_suffix(".lock"), timeout=LOCK_WAIT_S) as held:
+            if held and (k := kept()) is not None:
+                return k
+            return measure()
+    except OSError:  # a read-only cache: nothing kept, nothing to lock
+        return measure()
+
+
 def write_kept(path: Path, doc: dict) -> None:
     """Keep a measurement (``doc``, with this code's :data:`REVISION`) at ``path``, replaced whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -119,9 +159,11 @@ def read_kept(path: Path) -> dict:
 def measured_type(key: str, candidates: list[str], measure: Callable[[str], float], cache: Path) -> str:
     """The fastest of ``candidates`` by ``measure`` (seconds), kept per ``key`` in ``cache``/auto; measured on first
     use (and again when the candidates change), saying so on stderr."""
-    if (kept := kept_type(key, candidates, cache)) is not None:
-        return kept
     path = kept_path(cache, "auto", key)
+    return once(path, lambda: kept_type(key, candidates, cache), lambda: _measure_types(path, key, candidates, measure))
+
+
+def _measure_types(path: Path, key: str, candidates: list[str], measure: Callable[[str], float]) -> str:
     print(f"compute type auto: measuring {', '.join(candidates)} on {key} (once; kept in {path})", file=sys.stderr)
     seconds, failed = {}, {}
     for c in candidates:

@@ -220,23 +220,30 @@ def _ways_file() -> Path:
 
 
 def measured_ways() -> dict[str, str]:
-    """The ways measured row-exact on this CPU with this torch (layer -> way), from the cache directory."""
+    """The ways measured row-exact on this CPU with this torch (layer -> way), from the cache directory; an unreadable
+    file, or one of another shape, holds none (they are measured again)."""
     try:
-        return json.loads(_ways_file().read_text())["ways"]
-    except (OSError, ValueError, KeyError, TypeError):
+        ways = json.loads(_ways_file().read_text())["ways"]
+        return {k: v for k, v in ways.items() if isinstance(k, str) and isinstance(v, str)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
 
 
 def keep_way(name: str, way: str) -> None:
-    """Add one measured way to this machine's file (atomically; a lost race only means measuring again)."""
+    """Add one measured way to this machine's file: read, added to and replaced whole under the file's lock, so that
+    processes measuring at once keep every way (a read-only cache, or a lock held past a few seconds: measured again
+    by a later process)."""
+    from .cache import locked
+
     path = _ways_file()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"ways": {**measured_ways(), name: way}}, indent=1))
-        tmp.replace(path)
+        with locked(path.with_suffix(".lock"), timeout=5.0) as held:
+            if held:
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps({"ways": {**measured_ways(), name: way}}, indent=1))
+                tmp.replace(path)
     except OSError:
-        pass  # a read-only cache: measured again by the next process
+        pass
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, wide: bool = False

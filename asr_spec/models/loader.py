@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from . import EMBEDDED, auto
+from .cache import sha256
 from .compute import Precision, machine, resolve_compute_type
 from .kv_decoder import CachedDecoder
 from .linear import quantize_linears
@@ -92,8 +93,29 @@ class Draft:
 def load_tokenizer(spec: str = EMBEDDED) -> WhisperTokenizer:
     """The tokenizer of a model, without loading its weights."""
     path = resolve(spec)
-    vocab_size = json.loads((path / "config.json").read_text())["vocab_size"]
-    return WhisperTokenizer.from_dir(path, generation_config(path), vocab_size)
+    return _tokenizer(spec, path, _readable(spec, path, "config.json", lambda: Config.from_dir(path)).vocab_size)
+
+
+def _readable(spec: str, path: Path, what: str, read: Callable[[], object]):
+    """``read()``, or a ModelError naming the file of ``path`` that could not be read."""
+    try:
+        return read()
+    except Exception as e:  # noqa: BLE001 - any damage becomes one message naming the file
+        where = f"{spec} ({path})" if str(path) != spec else spec
+        raise ModelError(f"{where}: cannot read its {what} ({type(e).__name__}: {str(e)[:200]}); "
+                         f"{_remedy(path)}") from None
+
+
+def _remedy(path: Path) -> str:
+    return ("delete that folder and run again: it is built again from its package" if cache_dir() in path.parents
+            else "is the folder a whole transformers-format Whisper model?")
+
+
+def _tokenizer(spec: str, path: Path, vocab_size: int) -> WhisperTokenizer:
+    if not (path / "tokenizer.json").exists():
+        raise ModelError(f"{spec}: no tokenizer.json beside the model")
+    generation = _readable(spec, path, "generation_config.json", lambda: generation_config(path))
+    return _readable(spec, path, "tokenizer.json", lambda: WhisperTokenizer.from_dir(path, generation, vocab_size))
 
 
 def load_target(spec: str = EMBEDDED, device: str = "cpu", compute_type: str | Precision = "float32") -> Whisper:
@@ -105,16 +127,11 @@ def load_target(spec: str = EMBEDDED, device: str = "cpu", compute_type: str | P
     path = resolve(spec)
     p = compute_type if isinstance(compute_type, Precision) else \
         ModelOptions(spec, None, device, compute_type).precision()
-    try:
-        net = load_network(path, p.float, device)
-    except Exception as e:  # noqa: BLE001
-        raise ModelError(f"{spec}: not a Whisper model ({type(e).__name__}: {e})") from None
+    net = _readable(spec, path, "weights as a Whisper model", lambda: load_network(path, p.float, device))
     if not net.has_encoder:
         raise ModelError(f"{spec}: a decoder alone (a draft), not a whole Whisper")
-    if not (path / "tokenizer.json").exists():
-        raise ModelError(f"{spec}: no tokenizer.json beside the model")
+    tokenizer = _tokenizer(spec, path, net.config.vocab_size)
     generation = generation_config(path)
-    tokenizer = WhisperTokenizer.from_dir(path, generation, net.config.vocab_size)
     how = ", auto: a guess, not measured here yet" if p.guessed else ", auto" if compute_type == "auto" else ""
     name = str(spec) if p.name == "float32" and not how else f"{spec} ({p.name}{how})"
     return Whisper(net, tokenizer, CachedDecoder(net.model.decoder, net.proj_out.weight, int8="rows" if p.int8 else None,
@@ -295,7 +312,7 @@ def save_distilled(path: Path, decoder: nn.Module, head: torch.Tensor, head_ids:
     weights, doc = path / f".draft.{os.getpid()}.part", path / f".{DRAFT_META}.{os.getpid()}.part"
     save_file({k: v.detach().to(torch.float16).contiguous() for k, v in tensors.items()}, str(weights))
     doc.write_text(json.dumps({"format": "asr_spec-draft/1", "decoder_layers": len(decoder.layers),
-                               "head_ids": head_ids, **meta}, indent=1))
+                               "head_ids": head_ids, **meta, "weights_sha256": sha256(weights)}, indent=1))
     weights.replace(path / "draft.safetensors")
     doc.replace(path / DRAFT_META)
 
@@ -320,10 +337,16 @@ def load_distilled(path: Path, target: Whisper,
     """A draft saved by ``asr_spec distill`` (``decoder``: how its :class:`CachedDecoder` is built)."""
     from safetensors.torch import load_file
 
-    meta = json.loads((path / DRAFT_META).read_text())
+    meta = _readable(str(path), path, DRAFT_META, lambda: dict(json.loads((path / DRAFT_META).read_text())))
     if meta.get("format") != "asr_spec-draft/1":
         raise ModelError(f"{path}: unknown draft format {meta.get('format')!r}")
-    tensors = load_file(str(path / "draft.safetensors"), device=str(target.decoder.device))
+    weights = path / "draft.safetensors"
+    # the digest written with the weights (drafts saved before it was kept have none)
+    if (digest := meta.get("weights_sha256")) and _readable(str(path), path, weights.name, lambda: sha256(weights)) \
+            != digest:
+        raise ModelError(f"{weights}: damaged (its bytes are not those saved with {DRAFT_META}); "
+                         + ("reinstall asr_spec" if SHIPPED_DRAFTS in path.parents else "copy the draft again"))
+    tensors = _readable(str(path), path, weights.name, lambda: load_file(str(weights), device=str(target.decoder.device)))
     head = tensors.pop("head.weight")
     vocab = meta.get("vocab_size", target.config.vocab_size)
     _check(target, str(path), vocab, None, head.shape[1], None)

