@@ -58,6 +58,10 @@ class TranscribeOptions:
         object.__setattr__(self, "encoder_window", EncoderWindow(self.encoder_window))
 
 
+Item = tuple[Hashable, Callable[[], Audio]] | tuple[Hashable, Callable[[], Audio], TranscribeOptions]
+_END = object()  # an iterator's end (None is an item source's "nothing more now")
+
+
 @dataclass
 class _File:
     """One file's place in Whisper's window loop: where it has seeked to, the current window's encoder output and
@@ -68,6 +72,7 @@ class _File:
     content: int  # mel frames of audio
     language: str | None
     stats: Stats
+    task: str = "transcribe"
     seek: int = 0
     attempt: int = 0  # the current window's place on the temperature ladder
     frames: int = 0  # encoder frames of the current window (0: not encoded yet)
@@ -106,10 +111,11 @@ class Transcriber(Recognizer):
         ((_, result),) = self.transcribe_many([(0, lambda: audio)], options, 1, use_draft, report)
         return result
 
-    def transcribe_many(self, items: Iterable[tuple[Hashable, Callable[[], Audio]]],
-                        options: TranscribeOptions = TranscribeOptions(), batch_size: int = 1,
-                        use_draft: bool = True, progress: Callable[[Hashable, float], None] | None = None,
-                        before_step: Callable[[], None] | None = None
+    def transcribe_many(self, items: Iterable[Item | None], options: TranscribeOptions = TranscribeOptions(),
+                        batch_size: int = 1, use_draft: bool = True,
+                        progress: Callable[[Hashable, float], None] | None = None,
+                        before_step: Callable[[], None] | None = None,
+                        make_room: Callable[[float], bool] | None = None,
                         ) -> Iterator[tuple[Hashable, Transcript | AudioError]]:
         """Transcribe (key, load audio) items with up to ``batch_size`` windows in flight, yielding (key,
         transcript) as each file finishes (not in input order), or (key, error) for audio that cannot be loaded.
@@ -118,13 +124,53 @@ class Transcriber(Recognizer):
         ``options.chunked`` a file's speech chunks are its pieces (decoded side by side, then joined). Audio is
         an array or an :class:`AudioFile`, read a block at a time: then memory holds the windows in flight, not
         the files (each file is read twice: once to find its length and level, once as its windows go).
+
+        An item may carry its own options (key, load, options): its language, task and initial prompt are its own;
+        everything else is ``options``'. ``items`` may yield None: nothing more now (a server's queue), asked again
+        at the next step; the call returns once nothing is in flight and the items say None or end.
         ``before_step`` runs before the first pass, then between two passes once as many windows have been decoded
         since as there are files in flight (about one window of each, as when a batch was decoded whole): the
-        server holds uploads there while live streams are waiting to be decoded."""
+        server holds uploads there while live streams are waiting to be decoded. ``make_room(seconds)``, asked when a
+        file's window ends while ``batch_size`` files are in flight (``seconds``: the audio that file has left),
+        says whether it should wait for a next item of the source to go first (a server's short upload before a long
+        one): the file then resumes, where it was, when a file in flight is done."""
         source = iter(items)
         queued: deque[_File] = deque()
         active: list[_File] = []
         files: dict[Hashable, Pieces] = {}
+        exhausted = False  # every item read: a decode opened from here on needs room only for what is left
+
+        def admit(front: bool = False) -> Iterator[tuple[Hashable, Transcript | AudioError]]:
+            """Take the source's next item: its pieces into ``queued`` (first with ``front``); what cannot be loaded,
+            or holds no speech, is yielded at once. Returns whether it took one (False: none now, or no more)."""
+            nonlocal exhausted
+            while True:
+                item = next(source, _END)
+                if item is _END:
+                    exhausted = True
+                    return False
+                if item is None:
+                    return False
+                key, load, o = item if len(item) == 3 else (*item, options)
+                try:
+                    pieces, length = self._pieces(load(), options)
+                except AudioError as e:
+                    yield key, e
+                    continue
+                prompt = self.target.tokenizer.encode(" " + o.initial_prompt.strip()) if o.initial_prompt else []
+                files[key] = Pieces(length / SAMPLE_RATE, len(pieces))
+                if not pieces:  # chunked, and no speech at all
+                    yield key, files.pop(key).transcript()
+                    continue
+                new = [_File((key, n), a / SAMPLE_RATE, features, (b - a) // HOP,
+                             o.language if self.vocab.multilingual else None,
+                             Stats(audio_seconds=(b - a) / SAMPLE_RATE), o.task, all_tokens=list(prompt))
+                       for n, (a, b, features) in enumerate(pieces)]
+                if front:
+                    queued.extendleft(reversed(new))
+                else:
+                    queued.extend(new)
+                return True
 
         def finish(f: _File) -> Iterator[tuple[Hashable, Transcript]]:
             key, n = f.key
@@ -140,7 +186,6 @@ class Transcriber(Recognizer):
                 yield key, whole.transcript()
 
         running: _Running | None = None
-        exhausted = False  # every item read: a decode opened from here on needs room only for what is left
         decoded = float("inf")  # windows decoded since ``before_step`` last ran (it runs before the first step)
         try:
             while True:
@@ -150,27 +195,11 @@ class Transcriber(Recognizer):
                         if f.done:
                             yield from finish(f)
                         else:
-                            f.features = f.load()
+                            f.features = f.features or f.load()  # a file that made room resumes where it was
                             active.append(f)
                         continue
-                    if (item := next(source, None)) is None:
-                        exhausted = True
+                    if exhausted or not (yield from admit()):
                         break
-                    key, load = item
-                    try:
-                        pieces, length = self._pieces(load(), options)
-                    except AudioError as e:
-                        yield key, e
-                        continue
-                    prompt = self.target.tokenizer.encode(" " + options.initial_prompt.strip()) \
-                        if options.initial_prompt else []
-                    files[key] = Pieces(length / SAMPLE_RATE, len(pieces))
-                    if not pieces:  # chunked, and no speech at all
-                        yield key, files.pop(key).transcript()
-                    for n, (a, b, features) in enumerate(pieces):
-                        queued.append(_File((key, n), a / SAMPLE_RATE, features, (b - a) // HOP,
-                                            options.language if self.vocab.multilingual else None,
-                                            Stats(audio_seconds=(b - a) / SAMPLE_RATE), all_tokens=list(prompt)))
                 if not active:
                     return
                 if before_step is not None and decoded >= len(active):
@@ -183,10 +212,15 @@ class Transcriber(Recognizer):
                     if f.done:
                         active.remove(f)
                         yield from finish(f)
-                    elif progress is not None:
+                        continue
+                    if progress is not None:
                         whole = files[f.key[0]]
                         whole.progress[f.key[1]] = f.seek / FRAMES_PER_SECOND
                         progress(f.key[0], sum(whole.progress.values()))
+                    if make_room is not None and len(active) >= batch_size and not exhausted and \
+                            make_room((f.content - f.seek) / FRAMES_PER_SECOND) and (yield from admit(front=True)):
+                        active.remove(f)
+                        queued.append(f)
         finally:
             if running is not None:
                 running.task.close()
@@ -261,7 +295,7 @@ class Transcriber(Recognizer):
         memories = Pair(pad_memories([f.memory.target for f in group]),
                         None if group[0].memory.draft is None else pad_memories([f.memory.draft for f in group]))
         hot = self.target.tokenizer.encode(" " + o.hotwords.strip()) if o.hotwords and o.hotwords.strip() else []
-        requests = [replace(self.prompt(f.all_tokens[f.prompt_since:], f.language, o.task, o.timestamps, hot),
+        requests = [replace(self.prompt(f.all_tokens[f.prompt_since:], f.language, f.task, o.timestamps, hot),
                             key=(f.seek, attempt),  # sampling noise keyed by window and attempt
                             memory_length=n if ragged else None,
                             draft_memory_length=None if o.draft_margin is None else f.size // 2 + o.draft_margin)
@@ -346,7 +380,7 @@ class Transcriber(Recognizer):
         back to the segment's timestamp instead); so words always lie inside their segment."""
         t0 = time.perf_counter()
         start = f.offset + f.seek / FRAMES_PER_SECOND
-        aligned = align(self.target, f.memory.target, size, f.language, o.task, [s.tokens for s in segments], r.cross)
+        aligned = align(self.target, f.memory.target, size, f.language, f.task, [s.tokens for s in segments], r.cross)
         durations = [w.end - w.start for words in aligned for w in words if w.end > w.start]
         median = min(0.7, float(np.median(durations))) if durations else 0.0
         for segment, words in zip(segments, aligned):

@@ -82,7 +82,8 @@ class Server:
         worker for the uploads (at the same compute type: one model in memory)."""
         engine = Engine(Recognizer(target, draft), settings.engine_config())
         files = FileWorker(Transcriber(target, draft), TranscribeOptions(hotwords=settings.hotwords or None),
-                           batch_size=settings.file_batch, max_yield_s=settings.upload_yield)
+                           batch_size=settings.file_batch, max_waiting=settings.max_uploads,
+                           per_client=settings.max_uploads_per_client, max_yield_s=settings.upload_yield)
         return cls(engine, settings.server_config(api_keys), files)
 
     # --- inference thread -----------------------------------------------------------------------------
@@ -168,7 +169,7 @@ class Server:
             return
         await session.accept()
         c = self.config
-        who = [("address", ws.client.host if ws.client else "")] + ([("key", key)] if len(c.api_keys) > 1 else [])
+        who = self.shared.client_of(ws, key)
         refusal = None
         if len(self.connections) >= c.max_sessions:
             refusal = ("server_full", f"all {c.max_sessions} sessions are in use; try again later")

@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
+import tempfile
+from dataclasses import replace
 from http import HTTPStatus
 from typing import Awaitable, BinaryIO, Callable
 
-import numpy as np
-from asr_spec.server.files import BadAudio, Busy, Failed, Upload
+from asr_spec.server.files import RETRY_AFTER_S, BadAudio, Busy, ClientBusy, Failed, TooLong, Upload
 from asr_spec.server.protocol import MAX_NAME, MAX_PROMPT
 from asr_spec.server.shared import Shared
 from starlette.datastructures import UploadFile
@@ -19,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from asr_spec.audio import AudioError, AudioTooLong, decode_audio
+from asr_spec.audio import SAMPLE_RATE, AudioError, AudioFile, AudioTooLong
 from asr_spec.transcript import Transcript
 from asr_spec.writers import to_srt, to_vtt, word_dicts
 
@@ -32,15 +34,18 @@ _FIELDS = {"file", "model", "language", "prompt", "temperature", "response_forma
            "timestamp_granularities"}
 
 
+SPOOL_BYTES = 1 << 20  # an upload larger than this waits in a temporary file, not in memory
 CLIENT_CLOSED = 499  # nginx's "client closed request": the status an upload the client gave up on is counted under
 
 
 class ApiError(Exception):
     """A request the API refuses: an HTTP status and OpenAI's error object."""
 
-    def __init__(self, status: HTTPStatus, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: HTTPStatus, message: str, param: str | None = None, code: str | None = None,
+                 retry_after: int | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.retry_after = retry_after
 
     @property
     def type(self) -> str:
@@ -50,8 +55,10 @@ class ApiError(Exception):
     def response(self) -> Response:
         body = json.dumps({"error": {"message": self.message, "type": self.type, "param": self.param,
                                      "code": self.code}}) + "\n"
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == HTTPStatus.UNAUTHORIZED else None
-        return Response(body, self.status, headers, "application/json")
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == HTTPStatus.UNAUTHORIZED else {}
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(self.retry_after)
+        return Response(body, self.status, headers or None, "application/json")
 
 
 def transcription(shared: Shared, task: str) -> Callable[[Request], Awaitable[Response]]:
@@ -60,7 +67,7 @@ def transcription(shared: Shared, task: str) -> Callable[[Request], Awaitable[Re
 
     async def endpoint(request: Request) -> Response:
         try:
-            upload = await _receive(shared, request, task)
+            upload = replace(await _receive(shared, request, task), client=shared.client_of(request, shared.key_of(request)))
             transcript = await _transcribe(shared, upload)
             shared.metrics.uploads.labels("transcribed", "200").inc()
             return Response(*render(upload, transcript, shared.language_names or {}))
@@ -86,11 +93,17 @@ async def _transcribe(shared: Shared, upload: Upload) -> Transcript:
     try:
         return await asyncio.wrap_future(shared.files.submit(upload))
     except Busy as e:
-        raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, str(e), code="server_busy") from None
+        raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, str(e), code="server_busy", retry_after=RETRY_AFTER_S) from None
+    except ClientBusy as e:
+        raise ApiError(HTTPStatus.TOO_MANY_REQUESTS, str(e), code="client_limit", retry_after=RETRY_AFTER_S) from None
+    except TooLong as e:
+        raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, str(e)[:300], param="file", code="audio_too_long") from None
     except BadAudio as e:
-        raise ApiError(HTTPStatus.BAD_REQUEST, str(e), param="file") from None
+        raise ApiError(HTTPStatus.BAD_REQUEST, str(e)[:300], param="file", code="invalid_audio") from None
     except Failed as e:
         raise ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, str(e)) from None
+    finally:
+        upload.close()  # the worker closes it once done; a refused upload is closed here
 
 
 async def _receive(shared: Shared, request: Request, task: str) -> Upload:
@@ -201,20 +214,30 @@ def parse_upload(task: str, fields: dict[str, list[str]], files: dict[str, list[
         raise ApiError(HTTPStatus.BAD_REQUEST, f"unknown timestamp granularity {bad[0][:32]!r} (segment or word)",
                        param="timestamp_granularities")
     filename = uploads[0].filename or "file"
-    return Upload(task, decode_upload(filename, uploads[0].file, max_seconds), filename, model, language,
-                  one("prompt") or None, temperature, response_format, "word" in granularities)
+    audio, seconds, close = spill(filename, uploads[0].file, max_seconds)
+    return Upload(task, audio, filename, model, language, one("prompt") or None, temperature, response_format,
+                  "word" in granularities, seconds, close=close)
 
 
-def decode_upload(filename: str, file: BinaryIO, max_seconds: float) -> np.ndarray:
-    """An uploaded file's audio at 16 kHz mono, decoded in bounded blocks with the same checks as a file on disk;
-    more than ``max_seconds`` of audio is refused (413) from its header, or when decoding gets there."""
-    name = filename[:64]
+def spill(filename: str, file: BinaryIO, max_seconds: float) -> tuple[AudioFile, float, Callable[[], None]]:
+    """An uploaded file kept as it came (in memory up to 1 MB, else in a temporary file) as an :class:`AudioFile`,
+    decoded a block at a time when it is transcribed; its header checked now (more than ``max_seconds`` of audio:
+    413). Returns the audio, its length as the header says (``max_seconds`` when it does not) and what frees it."""
+    kept = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
     try:
-        return decode_audio(file, name, max_seconds)
+        file.seek(0)
+        shutil.copyfileobj(file, kept)
+        audio = AudioFile(kept, filename[:64], max_seconds)
     except AudioTooLong as e:
+        kept.close()
         raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, str(e)[:300], param="file", code="audio_too_long") from None
     except AudioError as e:
+        kept.close()
         raise ApiError(HTTPStatus.BAD_REQUEST, str(e)[:300], param="file", code="invalid_audio") from None
+    except BaseException:
+        kept.close()
+        raise
+    return audio, audio.expected_samples / SAMPLE_RATE or max_seconds, kept.close
 
 
 def render(upload: Upload, t: Transcript, language_names: dict[str, str]) -> tuple[str, int, None, str]:

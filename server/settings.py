@@ -74,7 +74,12 @@ class ServeSettings(BaseSettings):
         "a session's start message may name its own"))
     max_batch: int = Field(0, ge=0, description="most streams decoded in one batch (0: 8 on a CPU, 32 on CUDA)")
     file_batch: int = Field(4, ge=1, description=(
-        "uploads to /v1/audio/* decoded together (same options, waiting at the same time)"))
+        "uploads to /v1/audio/* decoded together (the shortest waiting first; a short one takes a long one's place "
+        "at its next window)"))
+    max_uploads: int = Field(16, ge=1, description="uploads that may wait; more get 503 with Retry-After")
+    max_uploads_per_client: int = Field(0, ge=0, description=(
+        "uploads one client may have waiting or in progress, per address and per key; more get 429 with "
+        "Retry-After (0: half of --max-uploads)"))
     upload_yield: float = Field(5.0, ge=0, description=(
         "uploads wait up to this many seconds, after about one window of each file in flight, while live streams are "
         "due (0: uploads and streams share the CPU equally)"))

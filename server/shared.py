@@ -78,6 +78,12 @@ class Shared:
         self._wake.wait(timeout)
         self._wake.clear()
 
+    def client_of(self, conn: HTTPConnection, key: str | None) -> tuple[tuple[str, str], ...]:
+        """Who a connection is, for the per-client limits: its address and, when the server has several keys, the
+        key it presented (``key``)."""
+        several = len(self.config.api_keys) > 1 and key
+        return (("address", conn.client.host if conn.client else ""),) + ((("key", key),) if several else ())
+
     def key_of(self, conn: HTTPConnection) -> str | None:
         """The API key this request presents, when it is one of the server's ("" when none is needed); None
         when it is missing or wrong. ``Authorization: Bearer KEY``, or ``?api_key=KEY`` (browsers cannot set

@@ -205,7 +205,8 @@ def test_uploads_are_counted_in_the_metrics(server):
 
 
 def test_a_server_full_of_uploads_says_busy(transcriber):
-    """Beyond the waiting limit a request gets 503 at once, and the server recovers when the queue drains."""
+    """Beyond the waiting limit a request gets 503 at once, with Retry-After, and the server recovers when the queue
+    drains."""
     with running(transcriber) as s:
         s.files.max_waiting = 1
         audio = (DEV / FILES[0]).read_bytes()
@@ -217,11 +218,14 @@ def test_a_server_full_of_uploads_says_busy(transcriber):
                 outcomes.append(c.audio.transcriptions.create(model="whisper-1", file=("a.wav", audio)).text)
             except openai.APIStatusError as e:
                 outcomes.append(e.status_code)
+                retry_after.append(int(e.response.headers["retry-after"]))
 
+        retry_after: list[int] = []
         threads = [threading.Thread(target=send) for _ in range(4)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(300)
         assert 503 in outcomes and any(isinstance(o, str) and o for o in outcomes), outcomes
+        assert retry_after and all(r > 0 for r in retry_after)  # a full queue tells the client when to come back
         assert c.audio.transcriptions.create(model="whisper-1", file=("a.wav", audio)).text
