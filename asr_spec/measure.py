@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 
 from .audio import SAMPLE, load_audio
+from .cpu import Others
 from .features import log_mel, window
 from .models.auto import DraftWidths, count_stops, kept_path, kept_widths, once, timed, write_kept
 from .models.cache import cache_dir, locked
@@ -179,28 +180,11 @@ def _measuring_elsewhere() -> bool:
         return True  # a read-only cache: nothing to keep a measurement in
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """CPU seconds process ``pid`` has used (None: it is gone, or this system does not say)."""
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def others_busy(seconds: float = 1.0) -> float:
-    """Cores the rest of the machine kept busy over the next ``seconds`` (all CPU time in /proc/stat less this
-    process's own); 0 where the system does not say."""
-    def total() -> float | None:
-        try:
-            fields = open("/proc/stat").readline().split()[1:]
-            return (sum(int(f) for f in fields[:8]) - int(fields[3]) - int(fields[4])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError):
-            return None
-    t0, own0 = total(), cpu_seconds(os.getpid()) or 0.0
+    """Cores the rest of the machine kept busy over the next ``seconds``; 0 where the system does not say."""
+    others = Others()
     time.sleep(seconds)
-    t1, own1 = total(), cpu_seconds(os.getpid()) or 0.0
-    return 0.0 if t0 is None or t1 is None else max(0.0, (t1 - t0) - (own1 - own0)) / seconds
+    return others.cores()
 
 
 def wait_quiet(most: float = 3600.0, below: float = 0.2) -> None:

@@ -420,3 +420,66 @@ def test_admission_takes_what_the_engine_carries_and_refuses_a_burst_beyond(shor
                 t.join(30)
     finally:
         stop.set()
+
+
+@pytest.mark.slow
+def test_a_neighbours_slow_spell_does_not_close_the_door(base_transcriber):
+    """Admission that a slow spell cannot collapse: the engine's estimate is set to carry exactly two real-time
+    speakers (``max_load`` from what its steps cost here, as above); one speaks; a CPU-heavy neighbour (a process
+    spinning on each core) runs for 10 s; within 10 s after, a second speaker is admitted: the steps the neighbour
+    slowed (other processes busy during them, asr_spec/cpu.py) are left out of the estimate. (Counted, they made
+    it 'carry about 0-1' for as long as they stayed in its window.)"""
+    from asr_spec.server.settings import ServeSettings
+
+    jfk = load_audio(DEV / "jfk-inaugural-1961-ask-not.wav")
+    speech = (np.tile(jfk, 8)[:80 * 16000] * 32767).astype(np.int16).tobytes()
+    stop = threading.Event()
+    engine = Engine(base_transcriber, ServeSettings().engine_config())
+    step = engine.config.max_step_s
+    config = dict(port=0, max_sessions=8, max_sessions_per_client=8)
+    try:
+        with in_process(engine, ServerConfig(**config, max_load=1.0)) as srv:
+            first = _real_time(srv.port, speech, stop)
+            deadline = time.monotonic() + 60
+            while engine.carried(step) is None or len(engine.capacity.steps) < 20:
+                assert time.monotonic() < deadline, "the engine measured nothing within 60 s"
+                time.sleep(0.1)
+            stop.set()
+            first.join(30)
+        fixed, per_row, per_audio = engine.capacity.fit()
+        share = (fixed + 2.5 * (per_row + per_audio * step)) / step
+        stop.clear()
+        with in_process(engine, ServerConfig(**config, max_load=share)) as srv:
+            assert engine.carried(step, share) == 2, engine.capacity.fit()
+            first = _real_time(srv.port, speech, stop)
+            spin = "import time\nend = time.monotonic() + 10\nwhile time.monotonic() < end: pass"
+            neighbour = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(os.cpu_count() or 2)]
+            for p in neighbour:
+                p.wait(60)
+            deadline, outcomes = time.monotonic() + 10, []
+            while time.monotonic() < deadline:
+                outcomes.append(_opens(srv.port))
+                if outcomes[-1] == "ready":
+                    break
+                time.sleep(0.5)
+            assert outcomes[-1] == "ready", (outcomes, engine.carried(step, share), list(engine.capacity.steps)[-30:])
+    finally:
+        stop.set()
+
+
+def test_steps_other_processes_slowed_are_left_out_while_enough_others_remain():
+    """The fit of what a step costs reads the quiet steps; on a machine where every step is contended it reads them
+    all (it is what a step costs there)."""
+    from asr_spec.streaming.capacity import Capacity
+
+    c = Capacity()
+    for _ in range(40):
+        c.add(1, 0.5, 0.1)
+    quiet = c.streams(3.0, 8)
+    for _ in range(40):
+        c.add(1, 0.5, 1.0, others=2.0)  # a neighbour on both cores: ten times slower
+    assert c.streams(3.0, 8) == quiet
+    contended = Capacity()
+    for _ in range(40):
+        contended.add(1, 0.5, 1.0, others=2.0)
+    assert contended.streams(3.0, 8) == 3 < quiet

@@ -7,6 +7,11 @@ load step, up to ``max_step_s``), so N real-time streams cost, per ``step`` seco
 steps' fixed part, N rows, and N x ``step`` seconds of new audio. The engine carries N while that is at most
 ``share`` of ``step`` (``--max-load``). One stream alone (steps of one row) cannot tell the fixed part from the
 row's; the fit then charges it all to the row, which under-counts capacity (never over-counts it).
+
+A step during which other processes kept at least ``CONTENDED_CORES`` busy (``asr_spec.cpu``: a neighbour's build, a
+benchmark) measured that neighbour as much as the engine: the fit leaves such steps out while the window holds
+``MIN_STEPS`` others, so a slow spell of a few seconds does not make the engine look as if it carried no one (on a
+machine that is always shared, every step is contended and all of them count).
 """
 from __future__ import annotations
 
@@ -18,21 +23,25 @@ import numpy as np
 WINDOW = 200  # steps the fit reads
 MIN_STEPS = 6  # steps before there is an estimate
 MOST = 4096  # streams counted at most
+CONTENDED_CORES = 0.5  # other processes' load during a step that makes it a measurement of them too
 
 
 class Capacity:
     def __init__(self, window: int = WINDOW):
-        self.steps: deque[tuple[int, float, float]] = deque(maxlen=window)  # (rows, new audio s, seconds)
+        # (rows, new audio s, seconds, cores other processes used meanwhile)
+        self.steps: deque[tuple[int, float, float, float]] = deque(maxlen=window)
 
-    def add(self, rows: int, audio_s: float, seconds: float) -> None:
-        self.steps.append((rows, audio_s, seconds))
+    def add(self, rows: int, audio_s: float, seconds: float, others: float = 0.0) -> None:
+        self.steps.append((rows, audio_s, seconds, others))
 
     def fit(self) -> tuple[float, float, float] | None:
         """(fixed, per_row, per_audio) seconds, or None before ``MIN_STEPS`` steps: the non-negative least-squares
-        fit among the models that charge each row (with or without a fixed part, with or without new audio)."""
+        fit among the models that charge each row (with or without a fixed part, with or without new audio), over
+        the steps no other process slowed when there are enough of them."""
         if len(self.steps) < MIN_STEPS:
             return None
-        data = np.array(self.steps, dtype=np.float64)
+        quiet = [s for s in self.steps if s[3] < CONTENDED_CORES]
+        data = np.array(quiet if len(quiet) >= MIN_STEPS else self.steps, dtype=np.float64)[:, :3]
         rows, audio, seconds = data[:, 0], data[:, 1], data[:, 2]
         columns = {0: np.ones_like(rows), 1: rows, 2: audio}
         best: tuple[float, dict[int, float]] | None = None

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from ..cpu import Others
 from ..recognizer import EncoderWindow, Recognizer
 from .capacity import Capacity
 from .config import EngineConfig, StreamConfig
@@ -169,6 +170,7 @@ class Engine:
         """Decode one batch of due streams (finals first, then by waiting time); return events per stream id."""
         events: dict[int, list[Event]] = {}
         t0 = time.perf_counter()
+        others = Others()
         self._listen()
         with self._lock:
             batch = self._gather(events)
@@ -197,7 +199,7 @@ class Engine:
         wall = time.perf_counter() - t0
         self.busy_s += wall
         self.step_wall_s = 0.8 * self.step_wall_s + 0.2 * wall
-        self.capacity.add(len(batch), new_audio, wall)
+        self.capacity.add(len(batch), new_audio, wall, others.cores())
         with self._lock:
             self._sample_load()
         return events
