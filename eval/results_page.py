@@ -253,13 +253,27 @@ def capacity_plot(doc: dict, title: str) -> Figure:
     return fig
 
 
+def shared_table(doc: dict) -> str:
+    s = doc["summary"]
+    first, up, adm = s["first_session"], s["uploads"], s["admission"]
+    rows = [[f"a new server's first live session (JFK at real time), measurement {mode}",
+             f"final median {num(first[mode]['first_median_s'])} s against {num(first[mode]['idle_median_s'])} s "
+             f"once idle: {times(first[mode]['ratio'])}", "≤ 2x"] for mode in ("pending", "measured")]
+    rows += [["JFK's upload beside eight 59-minute uploads", f"answered in {num(up['jfk_answer_s'])} s", "≤ 5 s"],
+             ["the server's memory with those eight", f"grew {num(up['rss_growth_mb'])} MB (one upload alone: "
+              f"{num(up['rss_growth_one_upload_mb'])} MB)", "≤ 600 MB"],
+             ["a second speaker after 10 s of a CPU-heavy neighbour", f"admitted {num(adm['admitted_after_s'])} s "
+              f"after ({num(adm['refusals'])} refusals)", "≤ 10 s"]]
+    return md_table(["what", "measured (medians of the runs)", "bar"], rows)
+
+
 KINDS: dict[str, tuple[Callable[..., str], Callable[[dict, str], Figure] | None]] = {
     "eval": (eval_table, eval_plot), "steps": (steps_table, steps_plot), "budget": (budget_table, None),
     "projection": (projection_table, None), "host": (host_table, None),
     "streaming-wer": (wer_table, None),
     "streaming-capacity": (capacity_table, capacity_plot), "live-uploads": (live_table, None),
     "word-timestamps": (word_table, None), "ray": (ray_table, None), "encoder": (encoder_table, None),
-    "draft-misses": (misses_table, None)}
+    "draft-misses": (misses_table, None), "shared-machine": (shared_table, None)}
 
 
 def save(fig: Figure, path: Path) -> None:
