@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Hashable
 
 from asr_spec.audio import Audio, AudioError, AudioTooLong
+from asr_spec.memory import give_back
 from asr_spec.recognizer import temperature_ladder
 from asr_spec.threads import release_pool
 from asr_spec.transcribe import TranscribeOptions, Transcriber
@@ -167,6 +168,7 @@ class FileWorker:
                        batch_options(options_for(w.upload, self.options)) == options for w in self._waiting)
 
     def _yield(self) -> None:
+        give_back()  # about a window of each file decoded since the last round: what they freed goes back
         t0 = time.monotonic()
         if self.live():  # the live streams' decoding thread runs the process's only OpenMP pool meanwhile (threads.py)
             release_pool()
@@ -214,3 +216,4 @@ class FileWorker:
             finally:
                 self._running = False
             release_pool()  # idle: the process's OpenMP pool is the live streams' decoding thread's (threads.py)
+            give_back()

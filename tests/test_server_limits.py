@@ -483,3 +483,48 @@ def test_steps_other_processes_slowed_are_left_out_while_enough_others_remain():
     for _ in range(40):
         contended.add(1, 0.5, 1.0, others=2.0)
     assert contended.streams(3.0, 8) == 3 < quiet
+
+
+@pytest.mark.slow
+def test_the_background_measurement_is_stopped_while_a_session_or_an_upload_is_open(short_target, monkeypatch):
+    """A server holds its machine's background measurement (asr_spec.measure) while it has work: stopped (SIGSTOP)
+    once a session is open or an upload waits or is transcribed, continued once it has none, so a new server's first
+    live session gets the machine to itself (eval/results/shared-machine). The measurement here is a stand-in
+    process registered as the one this process started."""
+    from asr_spec import measure
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    monkeypatch.setattr(measure, "_BACKGROUND", [child])
+    monkeypatch.setattr(measure, "_HELD", [False])
+
+    def state() -> str:
+        with open(f"/proc/{child.pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+
+    def reaches(wanted: str, within_s: float = 10.0) -> bool:
+        deadline = time.monotonic() + within_s
+        while state() != wanted and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return state() == wanted
+
+    try:
+        with running(short_target) as srv:
+            assert reaches("S"), "stopped while the server had nothing to do"
+            with ws(srv.port) as c:
+                c.send(json.dumps({"type": "start"}))
+                assert json.loads(c.recv(timeout=10))["type"] == "ready"
+                assert reaches("T"), "a session is open and the measurement runs on"
+            assert reaches("S"), "not continued once the session closed"
+            srv.files.submit(_jfk_upload())  # an upload waiting or being transcribed
+            assert reaches("T"), "an upload is in and the measurement runs on"
+            assert reaches("S", 60.0), "not continued once the upload was done"
+    finally:
+        child.kill()
+        child.wait(10)
+
+
+def _jfk_upload():
+    from asr_spec.server.files import Upload
+
+    jfk = load_audio(DEV / "jfk-inaugural-1961-ask-not.wav")
+    return Upload("transcribe", jfk, "jfk.wav", "whisper-1", "en", None, 0.0, "json", False, len(jfk) / 16000)

@@ -194,6 +194,8 @@ class Console:
             + (f", {p.batch_size} files in flight" if p.batch_size > 1 and len(p.files) > 1 else "") + where
             + f"; encoder {stats['encoder_seconds']:.2f} s, decode {stats['decode_seconds']:.2f} s), "
             f"{stats['tokens']} tokens, {stats['target_passes']} target passes"
+            + (f" ({1000 * stats['decode_seconds'] / stats['target_passes']:.1f} ms a pass)"
+               if stats["target_passes"] else "")
             + (f", acceptance {stats['acceptance']:.0%}, {stats['tokens_per_pass']:.2f} tokens/pass"
                if stats["drafted"] else "")
             + (f"; written as {p.out_dir / stem}.* ({name} is taken by an earlier input)"

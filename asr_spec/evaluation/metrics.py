@@ -72,6 +72,7 @@ def summarize(run: dict, refs: dict[str, str], target_texts: dict[str, str] | No
             "accepted_per_drafted": round(accepted / drafted, 4) if drafted else None,
             "tokens_per_pass": round((accepted + passes) / passes, 3) if passes else None,
             "decode_tokens_per_s": round(stat("tokens") / out["decode_s"], 1) if out["decode_s"] else None,
+            "ms_per_pass": round(1000 * out["decode_s"] / passes, 3) if passes and out["decode_s"] else None,
         })
         positions = [a for i in ids for a in items[i].get("stats", {}).get("accepted_at", [])]
         if run["system"].get("k"):
@@ -85,5 +86,15 @@ def speedups(summaries: dict[str, dict], baseline: str | dict[str, str], key: st
     def ratio(name: str, s: dict) -> float | None:
         base = summaries.get(baseline if isinstance(baseline, str) else baseline.get(name, ""), {}).get(key)
         return round(base / s[key], 3) if base and s.get(key) else None
+
+    return {name: ratio(name, s) for name, s in summaries.items()}
+
+
+def pass_costs(summaries: dict[str, dict], baseline: dict[str, str]) -> dict[str, float | None]:
+    """What a system's decoder pass costs in its baseline's (target-only) passes: its decode seconds per target pass
+    over the baseline's (1.0 for the baseline; a speculative pass also runs the draft's steps and a wider verify)."""
+    def ratio(name: str, s: dict) -> float | None:
+        base = summaries.get(baseline.get(name, ""), {}).get("ms_per_pass")
+        return round(s["ms_per_pass"] / base, 3) if base and s.get("ms_per_pass") else None
 
     return {name: ratio(name, s) for name, s in summaries.items()}

@@ -19,13 +19,16 @@ def _x(v) -> str:
 def table(results: dict) -> str:
     s = results["systems"]
     vt_wall, vt_dec = results["speedup_vs_target"]["wall"], results["speedup_vs_target"]["decode"]
-    head = ("| system | compute type | WER % | identical to target | α | accepted/drafted | tokens/pass | encoder s | decode s "
-            "| wall s | RTF | tokens/s | peak RSS MB | wall speed-up vs target | decode speed-up vs target |")
-    rows = [head, "|" + "---|" * 15]
+    cost = results.get("pass_cost_vs_target", {})
+    head = ("| system | compute type | WER % | identical to target | α | accepted/drafted | tokens/pass | ms/pass "
+            "| pass in target passes | encoder s | decode s | wall s | RTF | tokens/s | peak RSS MB "
+            "| wall speed-up vs target | decode speed-up vs target |")
+    rows = [head, "|" + "---|" * 17]
     for name, m in s.items():
         rows.append(f"| {name} | {_fmt(m.get('compute_type'))} | {_fmt(m['wer'])} | {_fmt(m['identical_to_target'])}/{m['utterances']} "
                     f"| {_fmt(m.get('acceptance'), True)} | {_fmt(m.get('accepted_per_drafted'), True)} "
-                    f"| {_fmt(m.get('tokens_per_pass'))} | {_fmt(m['encoder_s'])} | {_fmt(m['decode_s'])} "
+                    f"| {_fmt(m.get('tokens_per_pass'))} | {_fmt(m.get('ms_per_pass'))} | {_fmt(cost.get(name))} "
+                    f"| {_fmt(m['encoder_s'])} | {_fmt(m['decode_s'])} "
                     f"| {_fmt(m['wall_s'])} | {_fmt(m['rtf'])} | {_fmt(m['tokens_per_s'])} | {_fmt(m['peak_rss_mb'])} "
                     f"| {_x(vt_wall.get(name))} | {_x(vt_dec.get(name))} |")
     return "\n".join(rows)

@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .metrics import speedups, summarize
+from .metrics import pass_costs, speedups, summarize
 from .provenance import provenance
 from .report import write_report
 from .systems import OURS, Setup, SystemSpec, expand, missing
@@ -133,6 +133,7 @@ def evaluate(o: EvalOptions) -> dict:
         "speedup_vs_target": {"wall": speedups(summaries, baselines, "wall_s"),
                               "decode": speedups(summaries, baselines, "decode_s")},
         "speedup_vs_peer": {p: speedups(summaries, p, "wall_s") for p in peers},
+        "pass_cost_vs_target": pass_costs(summaries, baselines),
         "per_utterance": {name: {i: {"text": r["text"], "wall_s": r["wall_s"]} for i, r in run["items"].items()}
                           for name, run in runs.items()},
     }
