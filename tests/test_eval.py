@@ -97,3 +97,53 @@ def test_a_faster_whisper_compute_type_can_be_named_alone():
         ("faster-whisper-batched-float32-b8", "faster-whisper-batched", "float32")]
     with pytest.raises(ValueError, match="unknown system"):
         systems.expand(["faster-whisper-int4"], [3], 0.5, 1)
+
+
+def test_peers_beam_search_and_whisper_cpp_are_named_as_users_run_them():
+    """faster-whisper and whisper.cpp at their default beam search (-beam5) beside greedy, as `eval --help` names them;
+    whisper.cpp skipped with the install command where pywhispercpp is absent."""
+    from asr_spec.evaluation import systems
+
+    specs = systems.expand(["faster-whisper-int8-beam5", "whisper.cpp", "whisper.cpp-beam5", "faster-whisper-beam5"],
+                           [3], 0.5, 1)
+    assert [(s.name, s.kind, s.beam) for s in specs] == [
+        ("faster-whisper-int8-beam5", "faster-whisper", 5), ("whisper.cpp", "whisper.cpp", 1),
+        ("whisper.cpp-beam5", "whisper.cpp", 5), ("faster-whisper-int8-beam5", "faster-whisper", 5),
+        ("faster-whisper-float32-beam5", "faster-whisper", 5)]
+    with pytest.raises(ValueError):
+        systems.expand(["spec-beam5"], [3], 0.5, 1)  # ours have no -beamN (yet)
+    assert systems.missing(specs[1]) is None  # pywhispercpp is a test dependency
+
+
+def test_the_ggml_names_are_openai_whispers():
+    from asr_spec.evaluation.ggml import openai_name
+
+    assert openai_name("model.encoder.layers.3.self_attn.k_proj.weight") == "encoder.blocks.3.attn.key.weight"
+    assert openai_name("model.decoder.layers.0.encoder_attn.v_proj.bias") == "decoder.blocks.0.cross_attn.value.bias"
+    assert openai_name("model.decoder.layers.5.fc2.weight") == "decoder.blocks.5.mlp.2.weight"
+    assert openai_name("model.encoder.embed_positions.weight") == "encoder.positional_embedding"
+    assert openai_name("model.decoder.embed_tokens.weight") == "decoder.token_embedding.weight"
+    assert openai_name("model.encoder.layer_norm.bias") == "encoder.ln_post.bias"
+    assert openai_name("model.encoder.conv1.weight") == "encoder.conv1.weight"
+    assert openai_name("proj_out.weight") is None
+
+
+@pytest.mark.slow
+def test_whisper_cpp_reads_the_ggml_file_written_from_the_embedded_model(base_model, tmp_path):
+    """The whisper.cpp peer runs the same weights: the embedded whisper-base written as a ggml file (ggml.py) loads in
+    whisper.cpp (pywhispercpp's bundled library) and gives the sample's sentence, greedy and at beam 5."""
+    from pywhispercpp.model import Model
+
+    from asr_spec.audio import SAMPLE, load_audio
+    from asr_spec.evaluation.ggml import write_ggml
+    from asr_spec.models.sources import embedded_dir
+
+    path = tmp_path / "ggml-model.bin"
+    write_ggml(embedded_dir(), path)
+    audio = load_audio(SAMPLE)
+    for beams in ({}, {"params_sampling_strategy": 1, "beam_search": {"beam_size": 5, "patience": -1.0}}):
+        model = Model(str(path), n_threads=2, language="en", print_progress=False, redirect_whispercpp_logs_to=None,
+                      **beams)
+        text = "".join(s.text for s in model.transcribe(audio)).strip()
+        assert text == "And so my fellow Americans ask not what your country can do for you, ask what you can do " \
+                       "for your country.", (beams, text)

@@ -23,8 +23,10 @@ class EvalSettings:
         "drafts the K measured to pay most), spec-chunked (--chunked), spec-fp32draft (the draft in float32 where spec "
         "runs it in int8), spec-fullview (the draft reads the whole 30 s window, not only the audio's frames), "
         "spec-sample, target-sample (sampling without the draft, same seeds), draft, hf, hf-assisted, faster-whisper, "
-        "faster-whisper-batched (its BatchedInferencePipeline); the faster-whisper systems run int8 and float32, or one "
-        "of them with -int8 / -float32 (faster-whisper-int8)"))
+        "faster-whisper-batched (its BatchedInferencePipeline), whisper.cpp (pywhispercpp on the model written as a "
+        "ggml file, once, into the cache); the faster-whisper systems run int8 and float32, or one of them with -int8 "
+        "/ -float32 (faster-whisper-int8); a peer with -beamN runs its beam search with N beams "
+        "(faster-whisper-int8-beam5, whisper.cpp-beam5: their own defaults), greedy otherwise"))
     k: str = option("3", "comma list of K for spec (one run each)")
     compute_type: Literal[COMPUTE_TYPES] = option("float32", "compute type of our systems without one in their name "
                                                   "(spec-int8 names its own): " + ", ".join(COMPUTE_TYPES), metavar="TYPE")

@@ -1,12 +1,15 @@
 """The systems ``asr_spec eval`` compares: ours (target-only, speculative greedy and sampling, the draft
-alone) and peers (transformers generate, transformers assisted generation, faster-whisper)."""
+alone) and peers (transformers generate, transformers assisted generation, faster-whisper, whisper.cpp). A peer's
+name may end in ``-beamN``: its beam search with N beams (faster-whisper's and whisper.cpp's default is 5)."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 import time
 from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -16,7 +19,8 @@ from ..models.compute import COMPUTE_TYPES
 
 OURS = ("target", "spec", "spec-fixed", "spec-adaptive", "spec-chunked", "spec-fp32draft", "spec-fullview", "spec-sample", "target-sample",
         "draft")
-PEERS = ("hf", "hf-assisted", "faster-whisper", "faster-whisper-batched")
+PEERS = ("hf", "hf-assisted", "faster-whisper", "faster-whisper-batched", "whisper.cpp")
+BEAMED = ("faster-whisper", "faster-whisper-batched", "whisper.cpp")  # peers that take -beamN
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class SystemSpec:
     draft_int8: bool | None = None  # the draft's linear layers in int8 (None: where the CPU has the kernels)
     draft_full_view: bool = False  # the draft reads the whole 30 s window's encoder output (default: the audio's)
     baseline: str = "target"  # the target-only run this one is compared with (same compute type and mode)
+    beam: int = 1  # peers: beams of their beam search (1: greedy)
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,11 @@ def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
     take a compute type as a suffix (spec-int8, target-bfloat16, spec-sample-int8); faster-whisper any of
     CTranslate2's (faster-whisper-int8_float32); alone it runs int8 and float32."""
     out: list[SystemSpec] = []
-    for name in systems:
+    for full in systems:
+        name, beam = full, 1
+        if (m := re.fullmatch(r"(.+)-beam(\d+)", full)) and m.group(1).split("-")[0] in ("faster", "whisper.cpp"):
+            name, beam = m.group(1), int(m.group(2))
+        before = len(out)
         stem, _, suffix = name.rpartition("-")
         s, ct = (stem, suffix) if suffix in COMPUTE_TYPES and stem in OURS else (name, "")
         tag = f"-{ct}" if ct else ""
@@ -85,7 +94,10 @@ def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
         elif s in OURS + PEERS:
             out.append(SystemSpec(s + tag, s, compute_type=ct, baseline="target" + tag))
         else:
-            raise ValueError(f"unknown system {name!r}; choose from {', '.join(OURS + PEERS)}")
+            raise ValueError(f"unknown system {full!r}; choose from {', '.join(OURS + PEERS)} (peers of {', '.join(BEAMED)} "
+                             "also as NAME-beamN)")
+        if beam > 1:
+            out[before:] = [replace(spec, name=f"{spec.name}-beam{beam}", beam=beam) for spec in out[before:]]
     batched = lambda spec: spec.kind in OURS or spec.kind == "faster-whisper-batched"  # noqa: E731
     return [replace(spec, name=spec.name + (f"-b{n}" if n > 1 else ""), batch_size=n) if batched(spec) else spec
             for spec in out for n in (batch_sizes if batched(spec) else [None])]
@@ -93,7 +105,8 @@ def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
 
 def missing(spec: SystemSpec) -> str | None:
     """Why a peer cannot run here (its optional package is absent), or None."""
-    need = "faster_whisper" if spec.kind.startswith("faster-whisper") else None
+    need = "faster_whisper" if spec.kind.startswith("faster-whisper") else \
+        "pywhispercpp" if spec.kind == "whisper.cpp" else None
     if need and importlib.util.find_spec(need) is None:
         return f"{need.replace('_', '-')} is not installed (pip install 'asr_spec[peers]')"
     return None
@@ -112,7 +125,7 @@ def resolved_type(spec: SystemSpec, setup: Setup) -> str:
                             setup.threads).precision().name
     if spec.kind.startswith("faster-whisper"):
         return {"int8": "int8_float32", "auto": "int8_float32", "default": "float32"}.get(spec.compute_type, spec.compute_type)
-    return "float32"
+    return "float16" if spec.kind == "whisper.cpp" else "float32"  # whisper.cpp: the ggml file's float16 weights
 
 
 def build(spec: SystemSpec, setup: Setup) -> Transcribe:
@@ -123,6 +136,8 @@ def build(spec: SystemSpec, setup: Setup) -> Transcribe:
         return _ours(spec, setup)
     if spec.kind in ("hf", "hf-assisted"):
         return _hf(spec, setup)
+    if spec.kind == "whisper.cpp":
+        return _whisper_cpp(spec, setup)
     return _faster_whisper(spec, setup)
 
 
@@ -223,8 +238,36 @@ def _faster_whisper(spec: SystemSpec, setup: Setup) -> Transcribe:
 
     def run(audio: np.ndarray) -> Output:
         t0 = time.perf_counter()
-        segments, _ = transcribe(audio, beam_size=1, language=setup.language)
+        segments, _ = transcribe(audio, beam_size=spec.beam, language=setup.language)
         text = "".join(s.text for s in segments).strip()
+        return Output(text, time.perf_counter() - t0)
+
+    return _each(run)
+
+
+def _whisper_cpp(spec: SystemSpec, setup: Setup) -> Transcribe:
+    """whisper.cpp through pywhispercpp (its wheel bundles the library) on the model as a ggml file (converted once
+    into the cache, ``ggml.py``), its defaults otherwise: greedy, or beam search with ``spec.beam`` beams."""
+    from pywhispercpp.model import Model
+
+    from ..models.cache import built, cache_dir
+    from ..models.sources import resolve
+    from .ggml import write_ggml
+
+    if setup.device != "cpu":
+        raise ValueError("whisper.cpp runs here on the CPU only (pywhispercpp's wheel)")
+    source = resolve(setup.model)
+    name = Path(setup.model).name if Path(setup.model).is_dir() else setup.model
+    folder = built(cache_dir() / f"{name}-ggml", lambda out: write_ggml(source, out / "ggml-model.bin"),
+                   f"{name} as a ggml model file")
+    beams = {"params_sampling_strategy": 1, "beam_search": {"beam_size": spec.beam, "patience": -1.0}} \
+        if spec.beam > 1 else {}
+    model = Model(str(folder / "ggml-model.bin"), n_threads=setup.threads or 4, language=setup.language or "auto",
+                  print_progress=False, print_realtime=False, redirect_whispercpp_logs_to=None, **beams)
+
+    def run(audio: np.ndarray) -> Output:
+        t0 = time.perf_counter()
+        text = "".join(s.text for s in model.transcribe(audio.astype(np.float32))).strip()
         return Output(text, time.perf_counter() - t0)
 
     return _each(run)
