@@ -267,7 +267,8 @@ def _whisper_cpp(spec: SystemSpec, setup: Setup) -> Transcribe:
 
     def run(audio: np.ndarray) -> Output:
         t0 = time.perf_counter()
-        text = "".join(s.text for s in model.transcribe(audio.astype(np.float32))).strip()
+        # its segments' texts come stripped: joined with a space, as whisper.cpp's own CLI prints them
+        text = " ".join(t for s in model.transcribe(audio.astype(np.float32)) if (t := s.text.strip()))
         return Output(text, time.perf_counter() - t0)
 
     return _each(run)
