@@ -2,6 +2,7 @@
 a 30 s block at a time with the same bits (:class:`Features`)."""
 from __future__ import annotations
 
+from enum import StrEnum
 from functools import lru_cache
 
 import numpy as np
@@ -63,6 +64,16 @@ def _scaled(log: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
     return (torch.maximum(log, top - 8.0) + 4.0) / 4.0
 
 
+class WindowPadding(StrEnum):
+    """What follows a window's audio when it holds less than 30 s (its last window, or a short file), before the
+    encoder: ``AUDIO``, the log-mel of the audio followed by silence (openai-whisper's ``decode()`` on
+    ``log_mel_spectrogram(pad_or_trim(audio))``, transformers' feature extractor); ``MEL``, the window's own log-mel
+    frames followed by zeros (openai-whisper's ``transcribe()``, which pads the mel with ``pad_or_trim``, and
+    faster-whisper)."""
+    AUDIO = "audio"
+    MEL = "mel"
+
+
 class Features:
     """:func:`log_mel` of a recording (followed by 30 s of silence), bit for bit, made one block of 30 s (3000
     frames, at multiples of 3000) at a time, as windows ask for them. Two passes over the audio: the first finds
@@ -80,8 +91,11 @@ class Features:
         """Mel frames of audio (the 30 s of silence after them not counted)."""
         return self.length // HOP
 
-    def window(self, start: int, frames: int = N_FRAMES) -> torch.Tensor:
-        """Frames [start, start + frames) (``frames`` <= 3000; only forward of the last window's first block)."""
+    def window(self, start: int, frames: int = N_FRAMES, audio: int | None = None) -> torch.Tensor:
+        """Frames [start, start + frames) (``frames`` <= 3000; only forward of the last window's first block); with
+        ``audio``, the frames after the first ``audio`` are zeros (:attr:`WindowPadding.MEL`)."""
+        if audio is not None and audio < frames:
+            return torch.nn.functional.pad(self.window(start, audio), (0, frames - audio))
         first, last = start // N_FRAMES, (start + frames - 1) // N_FRAMES
         self._blocks = {k: b for k, b in self._blocks.items() if k >= first}
         if self._cursor is None:

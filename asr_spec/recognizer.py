@@ -10,6 +10,7 @@ from enum import Enum, StrEnum
 
 import torch
 
+from .decoding.beam import BeamOptions, beam_search
 from .decoding.budget import PassClock
 from .decoding.costs import BatchCosts
 from .decoding.logits import LogitRules
@@ -148,6 +149,18 @@ class Recognizer:
             results = task.run()
         finally:
             task.close()
+        self.decoder_passes += max((r.stats.target_passes for r in results), default=0)
+        return results
+
+    def beam(self, memory: torch.Tensor, requests: list[RowRequest], timestamps: bool, options: BeamOptions
+             ) -> list[RowResult]:
+        """A beam search of each window (``memory``: the target's encoder outputs), as openai-whisper's
+        (``decoding/beam.py``)."""
+        v = self.vocab
+        ragged = any(r.memory_length is not None for r in requests)
+        lengths = [r.memory_length or memory.shape[1] for r in requests] if ragged else None
+        results = beam_search(self.target.decoder, memory, requests, LogitRules.whisper(v, timestamps), v.eot,
+                              v.no_speech, options, lengths)
         self.decoder_passes += max((r.stats.target_passes for r in results), default=0)
         return results
 

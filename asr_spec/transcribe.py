@@ -13,9 +13,10 @@ import torch
 
 from .alignment import align
 from .audio import SAMPLE_RATE, Audio, AudioError, Cursor, blocks_of
+from .decoding.beam import BeamOptions
 from .decoding.rows import RowRequest, RowResult
 from .decoding.speculative import DecodingTask
-from .features import FRAMES_PER_SECOND, HOP, N_FRAMES, TOKEN_SECONDS, Features, encoder_frames
+from .features import FRAMES_PER_SECOND, HOP, N_FRAMES, TOKEN_SECONDS, Features, WindowPadding, encoder_frames
 from .models.pair import Pair
 from .recognizer import (
     DRAFT_STOP,
@@ -46,6 +47,8 @@ class TranscribeOptions:
     condition_on_previous_text: bool = True
     # FULL: Whisper's padded 30 s window; AUDIO: only the window's audio (faster); its name ("full") will do
     encoder_window: EncoderWindow = EncoderWindow.FULL
+    window_padding: WindowPadding = WindowPadding.AUDIO  # what follows a window's audio when it holds less than 30 s
+    beam: BeamOptions | None = None  # beam search at temperature 0 (None: greedy)
     chunked: bool = False  # decode a file's speech as independent <= 30 s pieces, batched, without prompts
     initial_prompt: str | None = None  # text before the first window (Whisper's initial_prompt: names, spelling)
     hotwords: str | None = None  # text before every window's previous text (faster-whisper's hotwords: names, terms)
@@ -56,6 +59,7 @@ class TranscribeOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "encoder_window", EncoderWindow(self.encoder_window))
+        object.__setattr__(self, "window_padding", WindowPadding(self.window_padding))
 
 
 Item = tuple[Hashable, Callable[[], Audio]] | tuple[Hashable, Callable[[], Audio], TranscribeOptions]
@@ -234,7 +238,7 @@ class Transcriber(Recognizer):
         busy = {id(f) for f in running.files.values()} if running else set()
         waiting = [f for f in files if id(f) not in busy]
         self._encode(waiting, o)
-        fallbacks = [f for f in waiting if f.attempt > 0]
+        fallbacks = [f for f in waiting if f.attempt > 0 or o.beam is not None]  # beam searches: each whole at once
         self._decode(fallbacks, o, use_draft)
         fresh = [f for f in waiting if f.attempt == 0 and f.memory is not None and not f.done]
         if fresh:
@@ -276,11 +280,12 @@ class Transcriber(Recognizer):
         at 8 windows."""
         for f in (f for f in files if f.memory is None):
             f.frames = f.frames or encoder_frames(f.size, full=o.encoder_window is EncoderWindow.FULL)
-            self._encode_window(f)
+            self._encode_window(f, o)
 
-    def _encode_window(self, f: _File) -> None:
+    def _encode_window(self, f: _File, o: TranscribeOptions) -> None:
         t0 = time.perf_counter()
-        f.memory = self.encode(f.features.window(f.seek, f.frames)[None])
+        audio = f.size if o.window_padding is WindowPadding.MEL else None
+        f.memory = self.encode(f.features.window(f.seek, f.frames, audio)[None])
         f.stats.encoder_seconds += time.perf_counter() - t0
         if self.vocab.multilingual and f.language is None:
             t0 = time.perf_counter()
@@ -315,7 +320,10 @@ class Transcriber(Recognizer):
             group = [f for f in files if f.attempt == attempt]
             t0 = time.perf_counter()
             memories, requests = self._rows(group, o, attempt)
-            results = self.decode(memories, requests, **self._settings(o, attempt, use_draft))
+            if attempt == 0 and o.beam is not None:
+                results = self.beam(memories.target, requests, o.timestamps, o.beam)
+            else:
+                results = self.decode(memories, requests, **self._settings(o, attempt, use_draft))
             share = (time.perf_counter() - t0) / len(group)
             for f, request, result in zip(group, requests, results):
                 f.stats.decode_seconds += share

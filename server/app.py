@@ -81,7 +81,8 @@ class Server:
         """The server ``asr_spec serve`` runs (and each Ray Serve replica): one engine for the sessions, a file
         worker for the uploads (at the same compute type: one model in memory)."""
         engine = Engine(Recognizer(target, draft), settings.engine_config())
-        files = FileWorker(Transcriber(target, draft), TranscribeOptions(hotwords=settings.hotwords or None),
+        uploads = TranscribeOptions(hotwords=settings.hotwords or None, window_padding=settings.window_padding)
+        files = FileWorker(Transcriber(target, draft), uploads,
                            batch_size=settings.file_batch, max_waiting=settings.max_uploads,
                            per_client=settings.max_uploads_per_client, max_yield_s=settings.upload_yield)
         return cls(engine, settings.server_config(api_keys), files)

@@ -73,6 +73,10 @@ class ServeSettings(BaseSettings):
         "words to favour (names, terms) in every session's prompt and every upload's (faster-whisper's hotwords); "
         "a session's start message may name its own"))
     max_batch: int = Field(0, ge=0, description="most streams decoded in one batch (0: 8 on a CPU, 32 on CUDA)")
+    window_padding: Literal["audio", "mel"] = Field("audio", description=(
+        "uploads: what follows a window's audio when it holds less than 30 s: audio (the log-mel of silence: "
+        "openai-whisper's decode() on padded audio) or mel (zeros after the audio's frames: openai-whisper's "
+        "transcribe() and faster-whisper)"))
     file_batch: int = Field(4, ge=1, description=(
         "uploads to /v1/audio/* decoded together (the shortest waiting first; a short one takes a long one's place "
         "at its next window)"))

@@ -52,6 +52,8 @@ class DistillSettings:
     on_policy: float = option(0.0, "share of each training batch made on the draft's own proposals, labelled by "
                               "the target (DistillSpec's on-policy data); 0: teacher forcing only")
     policy_steps: int = option(8, "draft tokens per on-policy example")
+    window_padding: Literal["audio", "mel"] = option("audio", "how the target that labels the audio pads a window "
+                                                     "shorter than 30 s (as transcribe's --window-padding)")
     compute_type: Literal[COMPUTE_TYPES] = option(
         "float32", "compute type of the target that labels the audio (the draft learns that target's tokens; training "
         "itself runs in float32): " + ", ".join(COMPUTE_TYPES), metavar="TYPE")
@@ -68,7 +70,8 @@ class DistillSettings:
                               max_steps=self.steps, batch=self.batch, lr=self.lr, seed=self.seed,
                               label_batch=self.label_batch,
                               session_s=self.session_seconds, init=Path(self.init) if self.init else None,
-                              compute_type=self.compute_type, device=self.torch_device, augment=self.augment,
+                              compute_type=self.compute_type, window_padding=self.window_padding,
+                              device=self.torch_device, augment=self.augment,
                               on_policy=self.on_policy, policy_steps=self.policy_steps,
                               eval_every=self.checkpoint_every)
 

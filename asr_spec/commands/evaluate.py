@@ -30,6 +30,7 @@ class EvalSettings:
     k: str = option("3", "comma list of K for spec (one run each)")
     compute_type: Literal[COMPUTE_TYPES] = option("float32", "compute type of our systems without one in their name "
                                                   "(spec-int8 names its own): " + ", ".join(COMPUTE_TYPES), metavar="TYPE")
+    window_padding: Literal["audio", "mel"] = option("audio", "our systems': what follows a window's audio when it holds less than 30 s: audio (the log-mel of silence: openai-whisper's decode() on padded audio, default) or mel (zeros after the audio's frames: openai-whisper's transcribe() and faster-whisper); changes the text slightly (README)")
     encoder_window: Literal["full", "audio"] = option("full", "our systems' encoder input: padded 30 s windows "
                                                       "(default) or only the audio")
     draft_stop: str = option("0.3", "comma list of adaptive draft-length thresholds (one run per K and each)")
@@ -57,6 +58,7 @@ class EvalSettings:
                            ks=tuple(int(k) for k in self.k.split(",")),
                            draft_stops=tuple(float(p) for p in self.draft_stop.split(",")), limit=self.limit,
                            repeat=self.repeat, compute_type=self.compute_type, encoder_window=self.encoder_window,
+                           window_padding=self.window_padding,
                            temperature=self.temperature, seeds=self.seeds, model=self.model, draft=self.draft,
                            language=self.language or None, threads=self.threads, device=self.torch_device,
                            hotwords=self.hotwords or None, speculation=self.speculation,

@@ -56,6 +56,7 @@ class TranscribeSettings:
                              "started here with 'ray start', else a new local one. --output-dir must be a folder "
                              "every node sees", nargs="?", const="local", metavar="ADDRESS")
     workers: int = option(0, "with --ray: model replicas (default: the cluster's CPUs / --threads, or one per GPU)")
+    window_padding: Literal["audio", "mel"] = option("audio", "what follows a window's audio when it holds less than 30 s: audio (the log-mel of silence: openai-whisper's decode() on padded audio, default) or mel (zeros after the audio's frames: openai-whisper's transcribe() and faster-whisper); changes the text slightly (README)")
     encoder_window: Literal["full", "audio"] = option(
         "full", "full: Whisper's padded 30 s encoder window (exact Whisper, default); audio: encode only the window's "
         "audio rounded up to 1 s (faster on short files; slightly different text, see README)")
@@ -90,7 +91,8 @@ class TranscribeSettings:
                                  k=TranscribeOptions.k if self.k is None else self.k,
                                  draft_stop=TranscribeOptions.draft_stop if self.draft_stop is None else self.draft_stop,
                                  checks=Checks(ladder, seed=self.seed),
-                                 encoder_window=self.encoder_window, adaptive_k=self.adaptive_k, chunked=self.chunked,
+                                 encoder_window=self.encoder_window, window_padding=self.window_padding,
+                                 adaptive_k=self.adaptive_k, chunked=self.chunked,
                                  initial_prompt=self.initial_prompt or None, hotwords=self.hotwords or None,
                                  word_timestamps=self.word_timestamps or self.word_cues)
 

@@ -13,7 +13,7 @@ import torch
 
 from ..audio import SAMPLE_RATE, AudioError, load_audio
 from ..decoding.rows import SAMPLE_LEN, RowRequest, RowResult
-from ..features import N_SAMPLES, log_mel, window
+from ..features import HOP, N_SAMPLES, WindowPadding, log_mel, window
 from ..models.loader import Whisper
 from ..models.pair import Pair
 from ..recognizer import Checks, Recognizer, compression_ratio, nothing_said, pad_memories
@@ -142,11 +142,12 @@ class _Recorder(Transcriber):
 
 
 def label_sessions(target: Whisper, recordings: list[tuple[str, np.ndarray]], top_k: int,
-                   batch_size: int = 8) -> list[Example]:
+                   batch_size: int = 8, padding: str = "audio") -> list[Example]:
     """Label recordings window by window as ``transcribe`` decodes them (prompted with the previous text,
-    timestamps, seeking), ``batch_size`` recordings in flight."""
+    timestamps, seeking, windows padded as ``padding`` says), ``batch_size`` recordings in flight."""
     rec = _Recorder(target)
-    for _ in rec.transcribe_many([(name, lambda a=a: a) for name, a in recordings], TranscribeOptions(),
+    for _ in rec.transcribe_many([(name, lambda a=a: a) for name, a in recordings],
+                                 TranscribeOptions(window_padding=padding),
                                  batch_size, use_draft=False):
         pass
     name = recordings[0][0] if recordings else ""
@@ -155,11 +156,16 @@ def label_sessions(target: Whisper, recordings: list[tuple[str, np.ndarray]], to
 
 
 @torch.inference_mode()
-def label(target: Whisper, batch: list[tuple[str, str, np.ndarray]], top_k: int, timestamps: bool) -> list[Example]:
-    """Run the target over a batch of clips: encoder, language, greedy decode (batched), then top-k log-probs."""
+def label(target: Whisper, batch: list[tuple[str, str, np.ndarray]], top_k: int, timestamps: bool,
+          padding: str = "audio") -> list[Example]:
+    """Run the target over a batch of clips (each its first window, padded as ``padding`` says: WindowPadding):
+    encoder, language, greedy decode (batched), then top-k log-probs."""
     tr = Recognizer(target)
     v = target.vocab
     mel = torch.stack([window(log_mel(a, target.n_mels), 0) for _, _, a in batch])
+    if padding == WindowPadding.MEL:  # zeros after each clip's own frames
+        for i, (_, _, a) in enumerate(batch):
+            mel[i, :, len(a) // HOP:] = 0.0
     memory = target.encode(mel)
     languages = tr.detect_language(memory) if v.multilingual else [None] * len(batch)
     prompts = [tr.prompt([], lang, "transcribe", timestamps) for lang in languages]

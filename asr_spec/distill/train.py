@@ -55,6 +55,7 @@ class DistillOptions:
     eval_every: int = 50
     label_batch: int = LABEL_BATCH
     compute_type: str = "float32"  # the target that labels the audio runs at this type (training is float32)
+    window_padding: str = "audio"  # how the labelling target pads a window shorter than 30 s (features.WindowPadding)
     device: str = "cpu"  # where the target labels and the draft trains (cuda: a GPU does hours of CPU work)
     augment: int = 0  # augmented copies of every real clip (augment.py), labelled by the target
     on_policy: float = 0.0  # share of each batch made on the draft's own paths (onpolicy.py), labelled by the target
@@ -108,6 +109,8 @@ def cache_name(o: DistillOptions) -> str:
         name += f"-{o.compute_type}"
     if o.label_batch != LABEL_BATCH:
         name += f"-b{o.label_batch}"
+    if o.window_padding != "audio":
+        name += f"-{o.window_padding}"
     return name
 
 
@@ -136,7 +139,8 @@ def build_data(o: DistillOptions, target: Whisper) -> tuple[list[Example], dict[
             shard = cache / f"session-{n:05d}.pt"
             part = recordings[start:start + o.label_batch]
             if not shard.exists():
-                torch.save(label_sessions(target, part, o.top_k, o.label_batch), shard.with_suffix(".tmp"))
+                torch.save(label_sessions(target, part, o.top_k, o.label_batch, o.window_padding),
+                           shard.with_suffix(".tmp"))
                 shard.with_suffix(".tmp").replace(shard)
             examples += torch.load(shard, weights_only=False)
             bar.update(len(part))
@@ -164,9 +168,9 @@ Clip = tuple[str, str, np.ndarray]  # (id, source, audio), as data.clips yields 
 def _label_clips(target: Whisper, todo: list[tuple[int, Clip]], o: DistillOptions, start: int) -> list[Example]:
     """Examples of the clips ``todo`` ((index in their batch, clip)): each with timestamps, every
     ``notimestamps_every``-th (by its place in the source) also without."""
-    got = label(target, [b for _, b in todo], o.top_k, timestamps=True)
+    got = label(target, [b for _, b in todo], o.top_k, timestamps=True, padding=o.window_padding)
     extra = [b for j, b in todo if (start + j) % o.notimestamps_every == 0]
-    return got + (label(target, extra, o.top_k, timestamps=False) if extra else [])
+    return got + (label(target, extra, o.top_k, timestamps=False, padding=o.window_padding) if extra else [])
 
 
 def shard_examples(shard: Path, batch: list[Clip],

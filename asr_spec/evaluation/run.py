@@ -24,6 +24,7 @@ class EvalOptions:
     draft_stops: tuple[float, ...] = (0.3,)
     compute_type: str = "float32"  # our systems without a compute type in their name
     encoder_window: str = "full"
+    window_padding: str = "audio"
     limit: int = 0
     repeat: int = 1
     temperature: float = 0.5
@@ -97,7 +98,7 @@ def evaluate(o: EvalOptions) -> dict:
     items = read_manifest(o.manifest, o.limit)
     draft = (default_draft(o.model) or "layers:0,5") if o.draft == "auto" else o.draft
     setup = Setup(o.model, draft, o.language, threads, o.compute_type, o.encoder_window, o.hotwords, o.device,
-                  o.speculation)
+                  o.speculation, o.window_padding)
     specs = expand(list(o.systems), list(o.ks), o.temperature, o.seeds, list(o.draft_stops), list(o.batch_sizes))
     runs, skipped = {}, {}
     for spec in specs:

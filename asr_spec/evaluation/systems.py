@@ -19,8 +19,8 @@ from ..models.compute import COMPUTE_TYPES
 
 OURS = ("target", "spec", "spec-fixed", "spec-adaptive", "spec-chunked", "spec-fp32draft", "spec-fullview", "spec-sample", "target-sample",
         "draft")
-PEERS = ("hf", "hf-assisted", "faster-whisper", "faster-whisper-batched", "whisper.cpp")
-BEAMED = ("faster-whisper", "faster-whisper-batched", "whisper.cpp")  # peers that take -beamN
+PEERS = ("hf", "hf-assisted", "faster-whisper", "faster-whisper-batched", "whisper.cpp", "openai-whisper")
+BEAMED = ("faster-whisper", "faster-whisper-batched", "whisper.cpp", "openai-whisper")  # peers that take -beamN
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,7 @@ class Setup:
     hotwords: str | None = None  # ours (TranscribeOptions.hotwords) and faster-whisper's
     device: str = "cpu"  # every system's device: torch's name (cpu, cuda, cuda:1); faster-whisper's cpu or cuda
     speculation: str = "auto"  # ours: draft where measured to pay (measured first where it is not), or "on"
+    window_padding: str = "audio"  # ours: what follows a short window's audio (TranscribeOptions.window_padding)
 
 
 @dataclass
@@ -72,7 +73,8 @@ def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
     out: list[SystemSpec] = []
     for full in systems:
         name, beam = full, 1
-        if (m := re.fullmatch(r"(.+)-beam(\d+)", full)) and m.group(1).split("-")[0] in ("faster", "whisper.cpp"):
+        if (m := re.fullmatch(r"(.+)-beam(\d+)", full)) and m.group(1).split("-")[0] in ("faster", "whisper.cpp",
+                                                                                          "openai"):
             name, beam = m.group(1), int(m.group(2))
         before = len(out)
         stem, _, suffix = name.rpartition("-")
@@ -105,8 +107,8 @@ def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
 
 def missing(spec: SystemSpec) -> str | None:
     """Why a peer cannot run here (its optional package is absent), or None."""
-    need = "faster_whisper" if spec.kind.startswith("faster-whisper") else \
-        "pywhispercpp" if spec.kind == "whisper.cpp" else None
+    need = {"whisper.cpp": "pywhispercpp", "openai-whisper": "whisper"}.get(spec.kind) or \
+        ("faster_whisper" if spec.kind.startswith("faster-whisper") else None)
     if need and importlib.util.find_spec(need) is None:
         return f"{need.replace('_', '-')} is not installed (pip install 'asr_spec[peers]')"
     return None
@@ -138,6 +140,8 @@ def build(spec: SystemSpec, setup: Setup) -> Transcribe:
         return _hf(spec, setup)
     if spec.kind == "whisper.cpp":
         return _whisper_cpp(spec, setup)
+    if spec.kind == "openai-whisper":
+        return _openai_whisper(spec, setup)
     return _faster_whisper(spec, setup)
 
 
@@ -160,7 +164,8 @@ def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
     # the draft alone: one greedy attempt (a failing draft would otherwise retry at every temperature)
     temps = (0.0,) if spec.kind == "draft" else temperature_ladder(spec.temperature)
     opts = TranscribeOptions(language=setup.language, k=spec.k, draft_stop=spec.draft_stop, checks=Checks(temps, seed=spec.seed),
-                             encoder_window=setup.encoder_window, adaptive_k=spec.adaptive_k, chunked=spec.chunked,
+                             encoder_window=setup.encoder_window, window_padding=setup.window_padding,
+                             adaptive_k=spec.adaptive_k, chunked=spec.chunked,
                              hotwords=setup.hotwords,
                              **({"draft_margin": None} if spec.draft_full_view else {}))
 
@@ -270,5 +275,44 @@ def _whisper_cpp(spec: SystemSpec, setup: Setup) -> Transcribe:
         # its segments' texts come stripped: joined with a space, as whisper.cpp's own CLI prints them
         text = " ".join(t for s in model.transcribe(audio.astype(np.float32)) if (t := s.text.strip()))
         return Output(text, time.perf_counter() - t0)
+
+    return _each(run)
+
+
+def openai_whisper_model(model: str, device: str = "cpu"):
+    """A transformers-format Whisper (the embedded one, a folder, an id) in openai-whisper's own ``Whisper`` module:
+    the same weights under its names (``ggml.openai_name``), float32."""
+    from whisper.model import ModelDimensions
+    from whisper.model import Whisper as OpenAIWhisper
+
+    from ..models.network import Config, read_weights
+    from ..models.sources import resolve
+    from .ggml import openai_name
+
+    path = resolve(model)
+    c = Config.from_dir(path)
+    dims = ModelDimensions(n_mels=c.num_mel_bins, n_audio_ctx=c.max_source_positions, n_audio_state=c.d_model,
+                           n_audio_head=c.encoder_attention_heads, n_audio_layer=c.encoder_layers, n_vocab=c.vocab_size,
+                           n_text_ctx=c.max_target_positions, n_text_state=c.d_model,
+                           n_text_head=c.decoder_attention_heads, n_text_layer=c.decoder_layers)
+    net = OpenAIWhisper(dims)
+    state = {name: t.float() for k, t in read_weights(path).items() if (name := openai_name(k)) is not None}
+    net.load_state_dict(state)
+    return net.to(device).eval()
+
+
+def _openai_whisper(spec: SystemSpec, setup: Setup) -> Transcribe:
+    """openai-whisper's ``transcribe()`` (the function its CLI runs) on the same weights, float32: its defaults
+    (temperature fallback; greedy), or with ``spec.beam`` beams and as many candidates at the fallback temperatures
+    (its CLI's beam 5, best of 5)."""
+    import whisper
+
+    model = openai_whisper_model(setup.model, setup.device)
+    beams = {"beam_size": spec.beam, "best_of": spec.beam} if spec.beam > 1 else {}
+
+    def run(audio: np.ndarray) -> Output:
+        t0 = time.perf_counter()
+        result = whisper.transcribe(model, audio.astype(np.float32), language=setup.language, fp16=False, **beams)
+        return Output(result["text"].strip(), time.perf_counter() - t0)
 
     return _each(run)
