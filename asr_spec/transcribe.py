@@ -376,7 +376,7 @@ class Transcriber(Recognizer):
             if o.word_timestamps:
                 self._add_words(f, new, size, o, result)
             f.segments.extend(new)
-            f.all_tokens.extend(result.tokens)
+            f.all_tokens.extend(t for segment in new for t in segment.tokens)  # the next windows' prompt
             f.seek += max(advance, 1)
             if not o.condition_on_previous_text or o.chunked or temperature > 0.5:
                 f.prompt_since = len(f.all_tokens)
@@ -409,7 +409,9 @@ class Transcriber(Recognizer):
 
     def _segments(self, r: RowResult, offset: float, size: int, temperature: float,
                   duration_limit: float) -> tuple[list[Segment], int]:
-        """Split a window's tokens at consecutive timestamp pairs; return segments and how far to seek."""
+        """Split a window's tokens at consecutive timestamp pairs; return segments and how far to seek. As in
+        openai-whisper, a segment without text or of no duration (its two timestamps equal) is dropped, and so is
+        an unfinished one after the last pair: their tokens are not the next windows' prompt either."""
         tb = self.vocab.timestamp_begin
         toks = r.tokens
         is_ts = [t >= tb for t in toks]
@@ -433,7 +435,7 @@ class Transcriber(Recognizer):
                 out.append(seg(start, end, part))
                 last = cut
             advance = size if single_ending else (toks[last - 1] - tb) * 2
-            return [s for s in out if s.text.strip()], advance
+            return [s for s in out if s.text.strip() and s.tokens[0] != s.tokens[-1]], advance
         stamps = [t for t in toks if t >= tb]
         duration = size / FRAMES_PER_SECOND
         if stamps and stamps[-1] != tb:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Hashable
 
 from asr_spec.audio import Audio, AudioError, AudioTooLong
+from asr_spec.decoding.beam import BeamOptions
 from asr_spec.memory import give_back
 from asr_spec.recognizer import temperature_ladder
 from asr_spec.threads import release_pool
@@ -43,6 +44,7 @@ class Upload:
     words: bool  # timestamp_granularities[] includes "word"
     seconds: float = 0.0  # its audio's length as its header says (0: the header does not say)
     client: tuple[tuple[str, str], ...] = ()  # who sent it: ("address", ...) and, with several keys, ("key", ...)
+    beams: int = 1  # its beam search's beams at temperature 0 (1: greedy)
     close: Callable[[], None] = field(default=lambda: None, compare=False)  # its spilled bytes, once done
 
 
@@ -74,7 +76,7 @@ def options_for(upload: Upload, base: TranscribeOptions) -> TranscribeOptions:
     """``asr_spec transcribe``'s options for an upload (``--temperature T`` starts Whisper's ladder at T)."""
     return replace(base, language=upload.language, task=upload.task, initial_prompt=upload.prompt,
                    checks=replace(base.checks, temperatures=temperature_ladder(upload.temperature)),
-                   word_timestamps=upload.words)
+                   word_timestamps=upload.words, beam=BeamOptions(upload.beams) if upload.beams > 1 else base.beam)
 
 
 def batch_options(o: TranscribeOptions) -> TranscribeOptions:

@@ -31,7 +31,8 @@ FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("segment", "word")
 DRAIN_FACTOR = 4  # a body up to this many times the limit is read (and dropped) before its 413 is sent
 _FIELDS = {"file", "model", "language", "prompt", "temperature", "response_format", "timestamp_granularities[]",
-           "timestamp_granularities"}
+           "timestamp_granularities", "beam_size"}  # beam_size: not OpenAI's (whisper's and faster-whisper's name)
+MAX_BEAMS = 16
 
 
 SPOOL_BYTES = 1 << 20  # an upload larger than this waits in a temporary file, not in memory
@@ -205,6 +206,12 @@ def parse_upload(task: str, fields: dict[str, list[str]], files: dict[str, list[
         raise ApiError(HTTPStatus.BAD_REQUEST, "'temperature' must be a number", param="temperature") from None
     if not 0.0 <= temperature <= 1.0:
         raise ApiError(HTTPStatus.BAD_REQUEST, "'temperature' must be between 0 and 1", param="temperature")
+    try:
+        beams = int(one("beam_size") or 1)
+    except ValueError:
+        raise ApiError(HTTPStatus.BAD_REQUEST, "'beam_size' must be a whole number", param="beam_size") from None
+    if not 1 <= beams <= MAX_BEAMS:
+        raise ApiError(HTTPStatus.BAD_REQUEST, f"'beam_size' must be between 1 and {MAX_BEAMS}", param="beam_size")
     response_format = one("response_format") or "json"
     if response_format not in FORMATS:
         raise ApiError(HTTPStatus.BAD_REQUEST, f"'response_format' must be one of {', '.join(FORMATS)}",
@@ -216,7 +223,7 @@ def parse_upload(task: str, fields: dict[str, list[str]], files: dict[str, list[
     filename = uploads[0].filename or "file"
     audio, seconds, close = spill(filename, uploads[0].file, max_seconds)
     return Upload(task, audio, filename, model, language, one("prompt") or None, temperature, response_format,
-                  "word" in granularities, seconds, close=close)
+                  "word" in granularities, seconds, beams=beams, close=close)
 
 
 def spill(filename: str, file: BinaryIO, max_seconds: float) -> tuple[AudioFile, float, Callable[[], None]]:

@@ -110,8 +110,11 @@ def test_peers_beam_search_and_whisper_cpp_are_named_as_users_run_them():
         ("faster-whisper-int8-beam5", "faster-whisper", 5), ("whisper.cpp", "whisper.cpp", 1),
         ("whisper.cpp-beam5", "whisper.cpp", 5), ("faster-whisper-int8-beam5", "faster-whisper", 5),
         ("faster-whisper-float32-beam5", "faster-whisper", 5)]
-    with pytest.raises(ValueError):
-        systems.expand(["spec-beam5"], [3], 0.5, 1)  # ours have no -beamN (yet)
+    ours = systems.expand(["target-beam5", "spec-beam5"], [3], 0.5, 1, [0.3])
+    assert [(s.name, s.beam, s.baseline) for s in ours] == [("target-beam5", 5, "target-beam5"),
+                                                           ("spec-k3-stop0.3-beam5", 5, "target-beam5")]
+    with pytest.raises(ValueError, match="-beamN"):
+        systems.expand(["draft-beam5"], [3], 0.5, 1)
     assert systems.missing(specs[1]) is None  # pywhispercpp is a test dependency
 
 

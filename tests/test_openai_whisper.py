@@ -14,7 +14,7 @@ from asr_spec.recognizer import Checks
 from asr_spec.transcribe import TranscribeOptions
 
 # short and long clips, LibriSpeech and LJ Speech: ones where the two paddings give other texts among them
-CLIPS = ["1089-134686-0000.wav", "LJ001-0031.wav", "LJ001-0012.wav", "jfk-inaugural-1961-ask-not.wav",
+CLIPS = ["1688-142285-0000.wav", "LJ001-0031.wav", "LJ001-0012.wav", "jfk-inaugural-1961-ask-not.wav",
          "3331-159605-0008.wav"]
 
 

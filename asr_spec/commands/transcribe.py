@@ -56,6 +56,11 @@ class TranscribeSettings:
                              "started here with 'ray start', else a new local one. --output-dir must be a folder "
                              "every node sees", nargs="?", const="local", metavar="ADDRESS")
     workers: int = option(0, "with --ray: model replicas (default: the cluster's CPUs / --threads, or one per GPU)")
+    beam_size: int = option(1, "beams of a beam search at temperature 0, as openai-whisper's --beam_size (1: greedy, "
+                            "the default)")
+    patience: float = option(1.0, "beam search: finished candidates collected, in beams (openai-whisper's --patience)")
+    length_penalty: float | None = option(None, "beam search: rank candidates by log-probability over "
+                                          "((5 + length) / 6) ** this (default: over the length, as openai-whisper)")
     window_padding: Literal["audio", "mel"] = option("audio", "what follows a window's audio when it holds less than 30 s: audio (the log-mel of silence: openai-whisper's decode() on padded audio, default) or mel (zeros after the audio's frames: openai-whisper's transcribe() and faster-whisper); changes the text slightly (README)")
     encoder_window: Literal["full", "audio"] = option(
         "full", "full: Whisper's padded 30 s encoder window (exact Whisper, default); audio: encode only the window's "
@@ -83,6 +88,7 @@ class TranscribeSettings:
         return self.batch_size or (16 if self.models.torch_device.startswith("cuda") else 8)
 
     def options(self) -> TranscribeOptions:
+        from ..decoding.beam import BeamOptions
         from ..recognizer import Checks, temperature_ladder
         from ..transcribe import TranscribeOptions
 
@@ -94,7 +100,9 @@ class TranscribeSettings:
                                  encoder_window=self.encoder_window, window_padding=self.window_padding,
                                  adaptive_k=self.adaptive_k, chunked=self.chunked,
                                  initial_prompt=self.initial_prompt or None, hotwords=self.hotwords or None,
-                                 word_timestamps=self.word_timestamps or self.word_cues)
+                                 word_timestamps=self.word_timestamps or self.word_cues,
+                                 beam=BeamOptions(self.beam_size, self.patience, self.length_penalty)
+                                 if self.beam_size > 1 else None)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ OURS = ("target", "spec", "spec-fixed", "spec-adaptive", "spec-chunked", "spec-f
         "draft")
 PEERS = ("hf", "hf-assisted", "faster-whisper", "faster-whisper-batched", "whisper.cpp", "openai-whisper")
 BEAMED = ("faster-whisper", "faster-whisper-batched", "whisper.cpp", "openai-whisper")  # peers that take -beamN
+# ours take it too: target-beam5 is openai-whisper's beam search, spec-beam5 the same speculatively
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,7 @@ def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
     out: list[SystemSpec] = []
     for full in systems:
         name, beam = full, 1
-        if (m := re.fullmatch(r"(.+)-beam(\d+)", full)) and m.group(1).split("-")[0] in ("faster", "whisper.cpp",
-                                                                                          "openai"):
+        if m := re.fullmatch(r"(.+)-beam(\d+)", full):
             name, beam = m.group(1), int(m.group(2))
         before = len(out)
         stem, _, suffix = name.rpartition("-")
@@ -99,7 +99,10 @@ def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
             raise ValueError(f"unknown system {full!r}; choose from {', '.join(OURS + PEERS)} (peers of {', '.join(BEAMED)} "
                              "also as NAME-beamN)")
         if beam > 1:
-            out[before:] = [replace(spec, name=f"{spec.name}-beam{beam}", beam=beam) for spec in out[before:]]
+            if any(spec.kind not in BEAMED + ("target", "spec") for spec in out[before:]):
+                raise ValueError(f"{full!r}: -beamN is for target, spec and the peers {', '.join(BEAMED)}")
+            out[before:] = [replace(spec, name=f"{spec.name}-beam{beam}", beam=beam, baseline=spec.baseline + f"-beam{beam}")
+                            for spec in out[before:]]
     batched = lambda spec: spec.kind in OURS or spec.kind == "faster-whisper-batched"  # noqa: E731
     return [replace(spec, name=spec.name + (f"-b{n}" if n > 1 else ""), batch_size=n) if batched(spec) else spec
             for spec in out for n in (batch_sizes if batched(spec) else [None])]
@@ -148,6 +151,7 @@ def build(spec: SystemSpec, setup: Setup) -> Transcribe:
 def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
     from dataclasses import replace
 
+    from ..decoding.beam import BeamOptions
     from ..measure import settle
     from ..models.loader import ModelOptions, load_draft, load_target
     from ..recognizer import Checks, temperature_ladder
@@ -166,7 +170,7 @@ def _ours(spec: SystemSpec, setup: Setup) -> Transcribe:
     opts = TranscribeOptions(language=setup.language, k=spec.k, draft_stop=spec.draft_stop, checks=Checks(temps, seed=spec.seed),
                              encoder_window=setup.encoder_window, window_padding=setup.window_padding,
                              adaptive_k=spec.adaptive_k, chunked=spec.chunked,
-                             hotwords=setup.hotwords,
+                             hotwords=setup.hotwords, beam=BeamOptions(spec.beam) if spec.beam > 1 else None,
                              **({"draft_margin": None} if spec.draft_full_view else {}))
 
     def run(audios: list[np.ndarray]) -> list[Output]:
