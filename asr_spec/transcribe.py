@@ -321,7 +321,7 @@ class Transcriber(Recognizer):
             t0 = time.perf_counter()
             memories, requests = self._rows(group, o, attempt)
             if attempt == 0 and o.beam is not None:
-                results = self.beam(memories.target, requests, o.timestamps, o.beam)
+                results = self.beam(memories.target, requests, o.timestamps, o.beam, o.k, use_draft)
             else:
                 results = self.decode(memories, requests, **self._settings(o, attempt, use_draft))
             share = (time.perf_counter() - t0) / len(group)

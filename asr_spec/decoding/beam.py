@@ -1,28 +1,34 @@
-"""Beam search over Whisper windows, deciding as openai-whisper's ``BeamSearchDecoder`` does.
+"""Beam search over Whisper windows, deciding as openai-whisper's ``BeamSearchDecoder`` does, plain or speculative.
 
 Each window keeps ``size`` beams (rows of one batch, the window's cross-attention keys and values computed once and
-shared). A step scores every beam's next token in one forward of the target; Whisper's logit rules apply per beam
-with its own history; from each beam the ``size + 1`` most likely tokens are candidates, scored by the beam's summed
-log-probability plus theirs (summed in float32, as openai-whisper's tensor of sums does). Candidates are ranked by
-score (ties in the order they were met: beam by beam, token by token); a candidate that ends the text is finished,
-the others become the next beams until ``size`` are taken, and the caches and rule states follow their source beam.
-A window stops once ``round(size * patience)`` candidates have finished (openai-whisper stops a batch once all of its
-audio have: each window here is decided as if it were alone, which is the same for ``patience`` >= 1); at the
-length limit its best unfinished beams are finished. The finished candidate with the best score over its length
-penalty (``(5 + length) / 6`` to the power ``length_penalty``, or the length itself when None) is the result.
+shared). A step scores every beam's next token; Whisper's logit rules apply per beam with its own history; from each
+beam the ``size + 1`` most likely tokens are candidates, scored by the beam's summed log-probability plus theirs
+(summed in float32, as openai-whisper's tensor of sums does). Candidates are ranked by score (ties in the order they
+were met: beam by beam, token by token); a candidate that ends the text is finished, the others become the next beams
+until ``size`` are taken, and the caches and rule states follow their source beam. A window stops once
+``round(size * patience)`` candidates have finished (openai-whisper stops a batch once all of its audio have: each
+window here is decided as if it were alone, which is the same for ``patience`` >= 1); at the length limit its best
+unfinished beams are finished. The finished candidate with the best score over its length penalty (``(5 + length) /
+6`` to the power ``length_penalty``, or the length itself when None) is the result.
 
-The target's rows are exact (``kv_decoder``): a beam's log-probabilities do not depend on the other beams or
-windows of the batch, so a window's result does not either.
+Speculative (a draft and ``k`` > 0): each beam drafts ``k`` tokens, and one target pass scores every beam's last
+token and its drafts, the rules applied at each position with that position's own history. The search then takes
+its steps from those log-probabilities for as long as every beam it keeps continues along the drafts its source beam
+was scored on (a beam that is its source extended by the drafted token has its next distribution in the pass
+already); the first step that keeps a beam off them ends the pass. Every step is taken from the target's own
+log-probabilities of that beam's own history, which the target gives bit for bit alike in a pass of one position or
+of k + 1 (its rows and positions are exact, ``kv_decoder``), so the result is the plain search's, token for token;
+only the number of target passes changes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ..models.kv_decoder import CachedDecoder, KVCache
-from .logits import LogitRules
+from .logits import LogitRules, RuleState
 from .rows import RowRequest, RowResult, RowStats
 
 
@@ -51,95 +57,160 @@ class BeamOptions:
 
 @dataclass
 class _Window:
-    """One window's search: its beams' rows in the batch, their tokens and summed log-probabilities, the
-    candidates finished so far (in the order they finished) and whether it is done."""
+    """One window's search: its beams (tokens, summed log-probabilities, and where in the last pass each one's next
+    distribution is: (row, position), None when it is not there), the candidates finished so far (in the order they
+    finished) and how far it went."""
     first: int  # its first row
     beams: list[list[int]]
     sums: list[float]
-    finished: dict[tuple[int, ...], float]
+    at: list[tuple[int, int] | None]
     no_speech: float
+    finished: dict[tuple[int, ...], float] = field(default_factory=dict)
+    source: list[tuple[int, int]] = field(default_factory=list)  # each beam's source: (row, position) in the pass
     steps: int = 0
+    passes: int = 1  # target passes it took (the prompt's is the first)
     done: bool = False
 
 
 @torch.inference_mode()
 def beam_search(target: CachedDecoder, memory: torch.Tensor, requests: list[RowRequest], rules: LogitRules,
-                eot: int, no_speech: int, o: BeamOptions, lengths: list[int] | None = None) -> list[RowResult]:
+                eot: int, no_speech: int, o: BeamOptions, lengths: list[int] | None = None,
+                draft: CachedDecoder | None = None, k: int = 0) -> list[RowResult]:
     """Beam search for each window of ``memory`` [N, S, D] (the target's encoder outputs; ``lengths``: each window's
-    own positions, when ragged) with its request's prompt; returns each window's chosen continuation (tokens
-    without end-of-text, its summed log-probability with end-of-text's, the no-speech probability at
+    own positions, when ragged) with its request's prompt; with ``draft`` and ``k``, speculatively (the draft reads
+    the same encoder output, each request's ``draft_memory_length`` of it). Returns each window's continuation
+    (tokens without end-of-text, its summed log-probability with end-of-text's, the no-speech probability at
     <|startoftranscript|>)."""
     if any(r.prefix or r.hint for r in requests):
         raise ValueError("beam search takes no prefix or hint")
+    k = k if draft is not None else 0
     n, b = len(requests), o.size
     dev = target.device
     width = max(len(r.prompt) for r in requests)
     limit = min(r.sample_len for r in requests)
-    cross = target.cross_kv(memory).map(lambda t: t.repeat_interleave(b, 0))
-    cache = target.new_cache(memory.repeat_interleave(b, 0), min(target.max_positions, width + limit + 1),
-                             None if lengths is None else [m for m in lengths for _ in range(b)], cross=cross)
+    capacity = min(target.max_positions, width + limit + k + 2)
+    rows = lambda values: [v for v in values for _ in range(b)]  # noqa: E731
+    wide = memory.repeat_interleave(b, 0)
+    t_cache = target.new_cache(wide, capacity, None if lengths is None else rows(lengths),
+                               cross=target.cross_kv(memory).map(lambda t: t.repeat_interleave(b, 0)))
+    prompts = torch.tensor(rows([r.prompt + [eot] * (width - len(r.prompt)) for r in requests]), device=dev)
+    positions = torch.arange(width, device=dev).expand(n * b, -1)
+    at = torch.tensor(rows([[r.sot_index, len(r.prompt) - 1] for r in requests]), device=dev)
     # the prompt, every beam alike (positions past a shorter prompt get stale entries, overwritten before read)
-    prompts = torch.tensor([r.prompt + [eot] * (width - len(r.prompt)) for r in requests for _ in range(b)], device=dev)
-    at = torch.tensor([[r.sot_index, len(r.prompt) - 1] for r in requests for _ in range(b)], device=dev)
-    logits = target(cache, prompts, torch.arange(width, device=dev).expand(n * b, -1), at)
+    logits = target(t_cache, prompts, positions, at)
+    d_cache = None
+    if k:
+        full = memory.shape[1] if lengths is None else None
+        seen = [r.draft_memory_length or (full or lengths[i]) for i, r in enumerate(requests)]
+        d_cache = draft.new_cache(wide, capacity, rows(seen))
+        draft(d_cache, prompts, positions, at[:, 1:], shortlist=True)
     speech = torch.softmax(logits[::b, 0].float(), dim=-1)[:, no_speech].tolist()
-    windows = [_Window(i * b, [[] for _ in range(b)], [0.0] * b, {}, speech[i]) for i in range(n)]
-    ends = torch.tensor([len(r.prompt) for r in requests for _ in range(b)], device=dev)  # each row's next position
+    windows = [_Window(i * b, [[] for _ in range(b)], [0.0] * b, [(i * b + j, 0) for j in range(b)], speech[i])
+               for i in range(n)]
+    begins = torch.tensor(rows([len(r.prompt) for r in requests]), device=dev)  # each row's first sampled position
     state = rules.state([[]] * (n * b), dev)
-    last = logits[:, 1].float()
-    for step in range(limit):
-        logprobs = torch.log_softmax(rules(last, state), dim=-1)
+    proposals = torch.zeros(n * b, 0, dtype=torch.long, device=dev)
+    after = state.after(proposals, rules.begin)  # each row's rule state at each position of the last pass
+    scored = logits[:, 1:2].float()
+    while True:
+        logprobs = torch.log_softmax(rules(scored.reshape(-1, scored.shape[-1]), _flat(after)), dim=-1)
         top = logprobs.topk(b + 1, dim=-1)
-        values, tokens = top.values.tolist(), top.indices.tolist()
-        sources, fed = list(range(n * b)), [eot] * (n * b)
+        values = top.values.view(n * b, -1, b + 1).tolist()
+        tokens = top.indices.view(n * b, -1, b + 1).tolist()
+        drafted = proposals.tolist()
         for w in windows:
-            if w.done:
-                continue
-            w.steps += 1
-            chosen = _step(w, values, tokens, b, eot, o)
-            for j, (source, token) in enumerate(chosen):
-                sources[w.first + j], fed[w.first + j] = source, token
-            w.done = len(w.finished) >= o.candidates
-        if all(w.done for w in windows) or step + 1 == limit:
+            while not w.done and all(a is not None for a in w.at):
+                w.steps += 1
+                _step(w, values, tokens, drafted, eot, o)
+                w.done = len(w.finished) >= o.candidates or w.steps >= limit
+        if all(w.done for w in windows):
             break
+        # every kept beam takes its source row's caches and the rule state at its place in the pass
+        sources, depths, fed = list(range(n * b)), [0] * (n * b), [eot] * (n * b)
+        lengths_now, before = [1] * (n * b), [eot] * (n * b)
+        for i, w in enumerate(windows):
+            for j, (row, depth) in enumerate(w.source):
+                r = w.first + j
+                sources[r], depths[r], fed[r], lengths_now[r] = row, depth, w.beams[j][-1], len(w.beams[j])
+                before[r] = w.beams[j][-2] if len(w.beams[j]) > 1 else requests[i].prompt[-1]
         index = torch.tensor(sources, device=dev)
-        _reorder(cache, index)
-        x = torch.tensor(fed, device=dev)
-        state = state.select(index).push(x, rules.begin)
-        positions = (ends + step)[:, None]
-        last = target(cache, x[:, None], positions)[:, 0].float()
+        _reorder(t_cache, index)
+        if d_cache is not None:
+            _reorder(d_cache, index)
+        last = torch.tensor(fed, device=dev)
+        state = after.select(index).take(torch.tensor(depths, device=dev)).push(last, rules.begin)
+        # the next position of each row: its first sampled one plus its beam's length less the last token (unfed)
+        p = begins + torch.tensor(lengths_now, device=dev) - 1
+        if k:
+            proposals = _propose(draft, d_cache, torch.tensor(before, device=dev), last, p, state, rules, k)
+        else:
+            proposals = proposals[:, :0]
+        feed = torch.cat([last[:, None], proposals], dim=1)
+        scored = target(t_cache, feed, p[:, None] + torch.arange(k + 1, device=dev)).float()
+        after = state.after(proposals, rules.begin)
+        for w in windows:
+            w.at = [(w.first + j, 0) for j in range(b)]
+            w.passes += not w.done
     return [_result(w, b, eot, o) for w in windows]
 
 
-def _step(w: _Window, values: list[list[float]], tokens: list[list[int]], b: int, eot: int,
-          o: BeamOptions) -> list[tuple[int, int]]:
-    """One step of window ``w`` (openai-whisper's ``BeamSearchDecoder.update``): its next beams as (source row,
-    token), its newly finished candidates added."""
+def _flat(states: RuleState) -> RuleState:
+    return RuleState(*states.flat())
+
+
+def _step(w: _Window, values: list, tokens: list, drafted: list[list[int]], eot: int, o: BeamOptions) -> None:
+    """One step of window ``w`` (openai-whisper's ``BeamSearchDecoder.update``) from its beams' distributions in
+    the last pass (``values``, ``tokens``: each row's and position's most likely), its newly finished candidates
+    added; each new beam's own next distribution is in the pass where it extends its source by that source's
+    drafted token."""
     scores: dict[tuple[int, ...], float] = {}
     sources: dict[tuple[int, ...], int] = {}
-    for j in range(b):
-        row = w.first + j
+    for j in range(len(w.beams)):
+        row, depth = w.at[j]
         prefix = tuple(w.beams[j])
-        for value, token in zip(values[row], tokens[row]):
+        for value, token in zip(values[row][depth], tokens[row][depth]):
             seq = prefix + (token,)
             scores[seq] = float(np.float32(w.sums[j]) + np.float32(value))
             sources[seq] = j
-    beams, sums, chosen, finished = [], [], [], {}
+    beams, sums, at, source, finished = [], [], [], [], {}
     for seq in sorted(scores, key=scores.get, reverse=True):
         if seq[-1] == eot:
             finished[seq] = scores[seq]
             continue
+        row, depth = w.at[sources[seq]]
         beams.append(list(seq))
         sums.append(float(np.float32(scores[seq])))
-        chosen.append((w.first + sources[seq], seq[-1]))
-        if len(beams) == b:
+        on_path = depth < len(drafted[row]) and drafted[row][depth] == seq[-1]
+        at.append((row, depth + 1) if on_path else None)
+        source.append((row, depth))
+        if len(beams) == len(w.beams):
             break
     for seq in sorted(finished, key=finished.get, reverse=True):
         if len(w.finished) >= o.candidates:
             break
         w.finished[seq] = finished[seq]
-    w.beams, w.sums = beams, sums
-    return chosen
+    w.beams, w.sums, w.at, w.source = beams, sums, at, source
+
+
+def _propose(draft: CachedDecoder, cache: KVCache, before: torch.Tensor, last: torch.Tensor, p: torch.Tensor,
+             state: RuleState, rules: LogitRules, k: int) -> torch.Tensor:
+    """Each row's ``k`` greedy drafts [rows, k] after its beam (whose last token ``last`` goes at position ``p``,
+    ``before`` at ``p - 1``), under Whisper's rules. The draft first feeds those two: its cache may lack the one
+    before the last (a beam kept at the end of the drafts it was scored on); one it has is fed again, harmlessly."""
+    cols = draft.columns
+    feed = torch.stack([before, last], 1)
+    fpos = torch.stack([(p - 1).clamp(min=0), p], 1)
+    at = torch.ones(len(last), 1, dtype=torch.long, device=last.device)
+    out = []
+    for j in range(k):
+        logits = draft(cache, feed, fpos, at, shortlist=True)
+        processed = rules(logits[:, 0].float(), state, cols)
+        c = processed.argmax(dim=-1)
+        x = c if cols.ids is None else cols.ids[c]
+        out.append(x)
+        state = state.push(x, rules.begin)
+        feed, fpos, at = x[:, None], (p + j + 1)[:, None], torch.zeros_like(at)
+    return torch.stack(out, 1)
 
 
 def _reorder(cache: KVCache, index: torch.Tensor) -> None:
@@ -160,4 +231,4 @@ def _result(w: _Window, b: int, eot: int, o: BeamOptions) -> RowResult:
     seqs = [(list(seq[:-1]), s) for seq, s in finished.items()]
     best = int(np.argmax([o.score(s, len(t)) for t, s in seqs]))
     tokens, total = seqs[best]
-    return RowResult(tokens, total, w.no_speech, RowStats(target_passes=w.steps, tokens=len(tokens)))
+    return RowResult(tokens, total, w.no_speech, RowStats(target_passes=w.passes, tokens=len(tokens)))
