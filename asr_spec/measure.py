@@ -32,6 +32,7 @@ import torch
 
 from .audio import SAMPLE, load_audio
 from .cpu import Others
+from .decoding.beam import BeamOptions
 from .features import log_mel, window
 from .models.auto import DraftWidths, count_stops, kept_path, kept_widths, once, timed, write_kept
 from .models.cache import cache_dir, locked
@@ -41,21 +42,27 @@ from .recognizer import Recognizer
 
 ROUNDS = 3  # decodes of each kind per width (medians compared)
 WIDTHS = {"cpu": (1, 8), "cuda": (1, 8, 16)}
+BEAM = 0  # a width that stands for one window's beam search (5 beams)
 LOCK = "measuring.lock"  # held by the measurement while it runs
 
 
 def decode_seconds(rec: Recognizer, memory: Pair[torch.Tensor], width: int, use_draft: bool) -> float:
     """Wall seconds of one greedy decode of ``width`` copies of the sample's window (``memory``: its encoder outputs,
-    the target's and the draft's), timed again when this process was stopped meanwhile (``auto.timed``)."""
+    the target's and the draft's; ``width`` :data:`BEAM`: one beam search of it), timed again when this process was
+    stopped meanwhile (``auto.timed``)."""
     v = rec.vocab
     request = rec.prompt([], "en" if v.multilingual else None, "transcribe", timestamps=True)
-    rows = lambda m: m.expand(width, -1, -1).contiguous()  # noqa: E731
+    n = 1 if width == BEAM else width
+    rows = lambda m: m.expand(n, -1, -1).contiguous()  # noqa: E731
     memories = Pair(rows(memory.target), None if memory.draft is None else rows(memory.draft))
     sync = torch.cuda.synchronize if memory.target.is_cuda else (lambda: None)
     sync()
 
     def decode() -> None:
-        rec.decode(memories, [request] * width, use_draft=use_draft, static=True)
+        if width == BEAM:
+            rec.beam(memories.target, [request], True, BeamOptions(5), use_draft=use_draft)
+        else:
+            rec.decode(memories, [request] * width, use_draft=use_draft, static=True)
         sync()
 
     return timed(decode, 1)[0]
@@ -64,8 +71,8 @@ def decode_seconds(rec: Recognizer, memory: Pair[torch.Tensor], width: int, use_
 def measure_widths(target: Whisper, draft: Draft, widths: tuple[int, ...], rounds: int = ROUNDS,
                    before_each: Callable[[], None] = lambda: None) -> dict:
     """Decode seconds by width, target-only and speculative (medians of ``rounds``, in turn after a warm-up);
-    ``before_each`` runs before each pair of decodes."""
-    rec = Recognizer(target, replace(draft, widths=DraftWidths({1: True}, "always")))
+    ``before_each`` runs before each pair of decodes. A width :data:`BEAM` is a beam search (5 beams)."""
+    rec = Recognizer(target, replace(draft, widths=DraftWidths({1: True}, "always", beam=True)))
     memory = rec.encode(window(log_mel(load_audio(SAMPLE), target.n_mels), 0)[None].to(target.decoder.device))
     out = {}
     for w in widths:
@@ -89,10 +96,12 @@ def measured_widths(options: ModelOptions, target: Whisper, draft: Draft,
     path = kept_path(cache_dir(), "draft-widths", key)
 
     def measure() -> DraftWidths:
-        seconds = measure_widths(target, draft, WIDTHS.get(kind, WIDTHS["cpu"]), before_each=before_each)
-        pays = {w: s["spec"] < s["target"] for w, s in seconds.items()}
-        write_kept(path, {"key": key, "pays": pays, "seconds": seconds, "rounds": ROUNDS, "torch": torch.__version__})
-        return DraftWidths(pays)
+        seconds = measure_widths(target, draft, WIDTHS.get(kind, WIDTHS["cpu"]) + (BEAM,), before_each=before_each)
+        pays = {w: s["spec"] < s["target"] for w, s in seconds.items() if w != BEAM}
+        beam = seconds[BEAM]["spec"] < seconds[BEAM]["target"]
+        write_kept(path, {"key": key, "pays": pays, "beam": beam, "seconds": seconds, "rounds": ROUNDS,
+                          "torch": torch.__version__})
+        return DraftWidths(pays, beam=beam)
 
     return once(path, lambda: kept_widths(key, cache_dir()), measure)
 

@@ -155,12 +155,12 @@ class Recognizer:
     def beam(self, memory: torch.Tensor, requests: list[RowRequest], timestamps: bool, options: BeamOptions,
              k: int = K, use_draft: bool = True) -> list[RowResult]:
         """A beam search of each window (``memory``: the target's encoder outputs), as openai-whisper's, drafting
-        ``k`` tokens a beam where the draft pays at this many rows (``decoding/beam.py``): the same result either
-        way."""
+        ``k`` tokens a beam where drafting was measured to pay for beam searches (``DraftWidths.beam``;
+        ``decoding/beam.py``): the same result either way."""
         v = self.vocab
         ragged = any(r.memory_length is not None for r in requests)
         lengths = [r.memory_length or memory.shape[1] for r in requests] if ragged else None
-        drafting = self.draft is not None and use_draft and k > 0 and self.draft.widths(len(requests) * options.size)
+        drafting = self.draft is not None and use_draft and k > 0 and self.draft.widths.beam
         results = beam_search(self.target.decoder, memory, requests, LogitRules.whisper(v, timestamps), v.eot,
                               v.no_speech, options, lengths, self.draft.decoder if drafting else None, k)
         self.decoder_passes += max((r.stats.target_passes for r in results), default=0)

@@ -47,10 +47,11 @@ def test_measured_widths_are_kept_and_loaded(short_target, tmp_path, monkeypatch
     monkeypatch.setenv("ASR_SPEC_CACHE", str(tmp_path))
     draft = load_draft("layers:0", short_target)
     options = ModelOptions("tiny", "layers:0", "cpu", "float32")
-    seconds = {1: {"target": 1.0, "spec": 0.5}, 8: {"target": 1.0, "spec": 1.5}}
+    seconds = {1: {"target": 1.0, "spec": 0.5}, 8: {"target": 1.0, "spec": 1.5},
+               measure.BEAM: {"target": 1.0, "spec": 0.9}}
     monkeypatch.setattr(measure, "measure_widths", lambda *a, **k: seconds)
     widths = measure.measured_widths(options, short_target, draft)
-    assert widths.pays == {1: True, 8: False} and widths.source == "measured"
+    assert widths.pays == {1: True, 8: False} and widths.beam and widths.source == "measured"
     assert options.draft_widths("float32") == widths
     assert options.draft_widths("bfloat16").source == "guessed"  # another type: not measured
     assert replace(options, speculation="on").draft_widths("float32") is ALWAYS
@@ -59,9 +60,11 @@ def test_measured_widths_are_kept_and_loaded(short_target, tmp_path, monkeypatch
 
 
 def test_the_measurement_decodes_the_sample_at_each_width(short_target):
-    """Really measured: the bundled sample's window decoded target-only and speculatively at each width."""
-    seconds = measure.measure_widths(short_target, load_draft("layers:0", short_target), (1, 2), rounds=1)
-    assert set(seconds) == {1, 2} and all(s["target"] > 0 and s["spec"] > 0 for s in seconds.values())
+    """Really measured: the bundled sample's window decoded target-only and speculatively at each width, and as a
+    beam search."""
+    seconds = measure.measure_widths(short_target, load_draft("layers:0", short_target), (1, 2, measure.BEAM),
+                                     rounds=1)
+    assert set(seconds) == {1, 2, measure.BEAM} and all(s["target"] > 0 and s["spec"] > 0 for s in seconds.values())
 
 
 def test_a_process_that_must_not_wait_guesses_and_measures_in_the_background(tiny_dir, tmp_path, monkeypatch,

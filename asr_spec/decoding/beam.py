@@ -65,6 +65,7 @@ class _Window:
     sums: list[float]
     at: list[tuple[int, int] | None]
     no_speech: float
+    limit: int  # most steps
     finished: dict[tuple[int, ...], float] = field(default_factory=dict)
     source: list[tuple[int, int]] = field(default_factory=list)  # each beam's source: (row, position) in the pass
     steps: int = 0
@@ -87,8 +88,9 @@ def beam_search(target: CachedDecoder, memory: torch.Tensor, requests: list[RowR
     n, b = len(requests), o.size
     dev = target.device
     width = max(len(r.prompt) for r in requests)
-    limit = min(r.sample_len for r in requests)
-    capacity = min(target.max_positions, width + limit + k + 2)
+    # each window's most steps: its sample length, within the decoder's positions after its own prompt
+    limits = [min(r.sample_len, target.max_positions - len(r.prompt)) for r in requests]
+    capacity = width + max(limits) + k + 2  # drafts past the last position are scored (clamped) and never taken
     rows = lambda values: [v for v in values for _ in range(b)]  # noqa: E731
     wide = memory.repeat_interleave(b, 0)
     t_cache = target.new_cache(wide, capacity, None if lengths is None else rows(lengths),
@@ -105,8 +107,8 @@ def beam_search(target: CachedDecoder, memory: torch.Tensor, requests: list[RowR
         d_cache = draft.new_cache(wide, capacity, rows(seen))
         draft(d_cache, prompts, positions, at[:, 1:], shortlist=True)
     speech = torch.softmax(logits[::b, 0].float(), dim=-1)[:, no_speech].tolist()
-    windows = [_Window(i * b, [[] for _ in range(b)], [0.0] * b, [(i * b + j, 0) for j in range(b)], speech[i])
-               for i in range(n)]
+    windows = [_Window(i * b, [[] for _ in range(b)], [0.0] * b, [(i * b + j, 0) for j in range(b)], speech[i],
+                       limits[i]) for i in range(n)]
     begins = torch.tensor(rows([len(r.prompt) for r in requests]), device=dev)  # each row's first sampled position
     state = rules.state([[]] * (n * b), dev)
     proposals = torch.zeros(n * b, 0, dtype=torch.long, device=dev)
@@ -122,7 +124,7 @@ def beam_search(target: CachedDecoder, memory: torch.Tensor, requests: list[RowR
             while not w.done and all(a is not None for a in w.at):
                 w.steps += 1
                 _step(w, values, tokens, drafted, eot, o)
-                w.done = len(w.finished) >= o.candidates or w.steps >= limit
+                w.done = len(w.finished) >= o.candidates or w.steps >= w.limit
         if all(w.done for w in windows):
             break
         # every kept beam takes its source row's caches and the rule state at its place in the pass

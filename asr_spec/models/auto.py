@@ -29,10 +29,9 @@ from .kv_decoder import CachedDecoder
 
 T = TypeVar("T")
 
-# the code whose costs a kept measurement reflects: one of another revision is measured again (2: bfloat16 attention
-# taken apart in encoders and decoders, 2026-11-28: bfloat16 from 6 % to 2 % slower than int8_bfloat16 on an AVX512-BF16 EPYC;
-# 3: float layers as oneDNN's products on weights packed once, 2026-11-29: bfloat16 and float32 decoder passes faster)
-REVISION = 3
+# the code whose costs a kept measurement reflects: a measurement of another revision is made again (raised when
+# the decode's costs change, or what is measured does: 4 times beam searches too)
+REVISION = 4
 PASSES = 12  # speculative passes per window: a dev utterance's 26 tokens at ~2.2 per pass
 K = 3  # draft steps per pass (the default draft length)
 LOCK_WAIT_S = 120.0  # longest wait for another process's measurement of the same thing
@@ -190,6 +189,7 @@ class DraftWidths:
 
     pays: dict[int, bool]
     source: str = "measured"
+    beam: bool = False  # whether drafting pays for a beam search (5 beams of one window)
 
     def __call__(self, rows: int) -> bool:
         below = [w for w in self.pays if w <= rows]
@@ -201,22 +201,26 @@ class DraftWidths:
         if self.source == "always":
             return "drafting at every batch width (--speculation on)"
         said = ("drafting at batch " + ", ".join(map(str, on)) if on else "target alone at every batch width") + \
-            (f", target alone at batch {', '.join(map(str, off))}" if off and on else "")
+            (f", target alone at batch {', '.join(map(str, off))}" if off and on else "") + \
+            (", and in beam searches" if self.beam else "")
         return said + (" (measured here)" if self.source == "measured" else " (a guess: not measured here yet)")
 
 
-ALWAYS = DraftWidths({1: True}, "always")
+ALWAYS = DraftWidths({1: True}, "always", beam=True)
 
 
 def guessed_widths(device: str | torch.device = "cpu") -> DraftWidths:
     """Where drafting pays before it was measured: every width on a CPU (measured so on three CPU kinds at batch 1
-    and 8); on CUDA batch 1 only (H100, whisper-base, batch 8: speculation 0.83x of target-only's decode)."""
-    return DraftWidths({1: True, 8: torch.device(device).type != "cuda"}, "guessed")
+    and 8); on CUDA batch 1 only (H100, whisper-base, batch 8: speculation 0.83x of target-only's decode). Beam
+    searches draft on CUDA only (on the AMX Xeon a speculative beam-5 search took 25-36 % fewer target passes and the
+    same time: its draft steps over five beams cost what they saved)."""
+    cuda = torch.device(device).type == "cuda"
+    return DraftWidths({1: True, 8: not cuda}, "guessed", beam=cuda)
 
 
 def kept_widths(key: str, cache: Path) -> DraftWidths | None:
     try:
         doc = read_kept(kept_path(cache, "draft-widths", key))
-        return DraftWidths({int(w): bool(p) for w, p in doc["pays"].items()})
+        return DraftWidths({int(w): bool(p) for w, p in doc["pays"].items()}, beam=bool(doc.get("beam", False)))
     except (ValueError, KeyError, TypeError, AttributeError):  # none kept, or not a measurement of widths
         return None
