@@ -1,9 +1,9 @@
 """asr_spec's text against openai-whisper's own code on the same weights, in each window-padding mode (issue 80).
 
-    python eval/whisper_parity.py [--manifest ../shared/data/dev/manifest.jsonl] [--modes mel,audio] [--threads 2]
-                                  [--out eval/results/openai-whisper/parity.json]
+    python eval/whisper_parity.py [--manifest ../shared/data/dev/manifest.jsonl] [--modes mel,audio] [--beam 1]
+                                  [--threads 2] [--out eval/results/openai-whisper/parity.json]
 
-float32, greedy, no temperature fallback, English, timestamps. ``mel``: ``asr_spec transcribe --window-padding mel``
+float32, greedy (or ``--beam N``: beam search on both sides), no temperature fallback, English, timestamps. ``mel``: ``asr_spec transcribe --window-padding mel``
 against ``whisper.transcribe(model, audio, temperature=0)``, the function openai-whisper's CLI runs. ``audio``:
 ``--window-padding audio`` against ``whisper.decode(model, log_mel_spectrogram(pad_or_trim(audio)),
 temperature=0)`` (one 30 s window: utterances up to 30 s only). Per mode: texts identical, WER of each, and every
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from asr_spec.decoding.beam import BeamOptions
 from asr_spec.evaluation.harness import write_results
 from asr_spec.evaluation.metrics import wer
 from asr_spec.evaluation.systems import openai_whisper_model
@@ -27,15 +28,17 @@ from asr_spec.transcribe import TranscribeOptions, Transcriber
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def theirs(model, audio: np.ndarray, mode: WindowPadding) -> str | None:
+def theirs(model, audio: np.ndarray, mode: WindowPadding, beam: int) -> str | None:
     import whisper
 
+    beams = {"beam_size": beam} if beam > 1 else {}
     if mode is WindowPadding.MEL:
-        return whisper.transcribe(model, audio, language="en", temperature=0.0, fp16=False)["text"].strip()
+        return whisper.transcribe(model, audio, language="en", temperature=0.0, fp16=False, **beams)["text"].strip()
     if len(audio) > whisper.audio.N_SAMPLES:
         return None  # decode() reads one window
     mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(audio), model.dims.n_mels)
-    return whisper.decode(model, mel, whisper.DecodingOptions(language="en", temperature=0.0, fp16=False)).text.strip()
+    options = whisper.DecodingOptions(language="en", temperature=0.0, fp16=False, **beams)
+    return whisper.decode(model, mel, options).text.strip()
 
 
 def main() -> None:
@@ -47,6 +50,7 @@ def main() -> None:
     p.add_argument("--manifest", type=Path, default=ROOT.parent / "shared/data/dev/manifest.jsonl")
     p.add_argument("--modes", default="mel,audio")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--beam", type=int, default=1, help="beams of a beam search on both sides (1: greedy)")
     p.add_argument("--out", type=Path, default=ROOT / "eval/results/openai-whisper/parity.json")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
@@ -56,13 +60,14 @@ def main() -> None:
     model = openai_whisper_model("whisper-base")
     out = {}
     for mode in map(WindowPadding, a.modes.split(",")):
-        options = TranscribeOptions(language="en", checks=Checks((0.0,)), window_padding=mode)
+        options = TranscribeOptions(language="en", checks=Checks((0.0,)), window_padding=mode,
+                                    beam=BeamOptions(a.beam) if a.beam > 1 else None)
         rows = []
         for it in data.items:
             audio = data.audio(it)
             mine = tr.transcribe(audio, options).text.strip()
             rows.append({"id": it["id"], "ref": it["text"], "asr_spec": mine,
-                         "openai_whisper": theirs(model, audio, mode)})
+                         "openai_whisper": theirs(model, audio, mode, a.beam)})
             print(f"{mode} {it['id']}: {'same' if rows[-1]['openai_whisper'] == mine else 'DIFFERENT'}", flush=True)
         compared = [r for r in rows if r["openai_whisper"] is not None]
         out[str(mode)] = {
@@ -77,7 +82,7 @@ def main() -> None:
         a_, m_ = out["audio"]["texts"], out["mel"]["texts"]
         print(f"the two paddings give other texts on {sum(a_[i] != m_[i] for i in a_)} of {len(a_)}: "
               + ", ".join(i for i in a_ if a_[i] != m_[i]), flush=True)
-    write_results(a.out, {"manifest": str(a.manifest), "modes": out}, a.threads)
+    write_results(a.out, {"manifest": str(a.manifest), "beam": a.beam, "modes": out}, a.threads)
 
 
 if __name__ == "__main__":
