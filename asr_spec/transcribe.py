@@ -8,7 +8,6 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Hashable, Iterable, Iterator
 
-import numpy as np
 import torch
 
 from .alignment import align
@@ -16,7 +15,7 @@ from .audio import SAMPLE_RATE, Audio, AudioError, Cursor, blocks_of
 from .decoding.beam import BeamOptions
 from .decoding.rows import RowRequest, RowResult
 from .decoding.speculative import DecodingTask
-from .features import FRAMES_PER_SECOND, HOP, N_FRAMES, TOKEN_SECONDS, Features, WindowPadding, encoder_frames
+from .features import FRAMES_PER_SECOND, HOP, N_FRAMES, Features, WindowPadding, encoder_frames
 from .models.pair import Pair
 from .recognizer import (
     DRAFT_STOP,
@@ -25,10 +24,10 @@ from .recognizer import (
     K,
     Recognizer,
     Retry,
-    compression_ratio,
     nothing_said,
     pad_memories,
 )
+from .segments import place_words, window_segments
 from .transcript import Pieces, Segment, Stats, Transcript
 from .vad import speech_chunks
 
@@ -44,7 +43,6 @@ class TranscribeOptions:
     draft_stop: float = DRAFT_STOP  # stop drafting when the draft's belief in its proposal falls below this
     adaptive_k: bool = False  # greedy: each pass drafts the 0..k tokens measured to pay most (False: always k)
     checks: Checks = Checks()  # Whisper's thresholds, fallback temperatures and the sampling seed
-    condition_on_previous_text: bool = True
     # FULL: Whisper's padded 30 s window; AUDIO: only the window's audio (faster); its name ("full") will do
     encoder_window: EncoderWindow = EncoderWindow.FULL
     window_padding: WindowPadding = WindowPadding.AUDIO  # what follows a window's audio when it holds less than 30 s
@@ -371,74 +369,21 @@ class Transcriber(Recognizer):
         if nothing_said(result, c):
             f.seek += size
         else:
-            new, advance = self._segments(result, f.offset + f.seek / FRAMES_PER_SECOND, size, temperature,
-                                          f.offset + f.stats.audio_seconds)
+            new, advance = window_segments(result, self.vocab.timestamp_begin, self.target.tokenizer.decode,
+                                           f.offset + f.seek / FRAMES_PER_SECOND, size, temperature,
+                                           f.offset + f.stats.audio_seconds)
             if o.word_timestamps:
-                self._add_words(f, new, size, o, result)
+                self._add_words(f, new, size, result)
             f.segments.extend(new)
             f.all_tokens.extend(t for segment in new for t in segment.tokens)  # the next windows' prompt
             f.seek += max(advance, 1)
-            if not o.condition_on_previous_text or o.chunked or temperature > 0.5:
+            if o.chunked or temperature > 0.5:
                 f.prompt_since = len(f.all_tokens)
         f.attempt, f.frames, f.memory = 0, 0, None
 
-    def _add_words(self, f: _File, segments: list[Segment], size: int, o: TranscribeOptions, r: RowResult) -> None:
-        """Word timestamps for a window's segments (timed as decoding). As in openai/whisper, a segment's start and
-        end move to its first and last word's, unless that word looks stretched over a pause (then the word is cut
-        back to the segment's timestamp instead); so words always lie inside their segment."""
+    def _add_words(self, f: _File, segments: list[Segment], size: int, r: RowResult) -> None:
+        """Word timestamps for a window's segments (timed as decoding)."""
         t0 = time.perf_counter()
-        start = f.offset + f.seek / FRAMES_PER_SECOND
         aligned = align(self.target, f.memory.target, size, f.language, f.task, [s.tokens for s in segments], r.cross)
-        durations = [w.end - w.start for words in aligned for w in words if w.end > w.start]
-        median = min(0.7, float(np.median(durations))) if durations else 0.0
-        for segment, words in zip(segments, aligned):
-            for w in words:
-                w.start, w.end = round(start + w.start, 3), round(start + w.end, 3)
-            if words:
-                first, last = words[0], words[-1]
-                if segment.start < first.end and segment.start - 0.5 > first.start:
-                    first.start = max(0.0, min(first.end - median, segment.start))
-                else:
-                    segment.start = first.start
-                if segment.end > last.start and segment.end + 0.5 < last.end:
-                    last.end = max(last.start + median, segment.end)
-                else:
-                    segment.end = last.end
-            segment.words = words
+        place_words(segments, aligned, f.offset + f.seek / FRAMES_PER_SECOND)
         f.stats.decode_seconds += time.perf_counter() - t0
-
-    def _segments(self, r: RowResult, offset: float, size: int, temperature: float,
-                  duration_limit: float) -> tuple[list[Segment], int]:
-        """Split a window's tokens at consecutive timestamp pairs; return segments and how far to seek. As in
-        openai-whisper, a segment without text or of no duration (its two timestamps equal) is dropped, and so is
-        an unfinished one after the last pair: their tokens are not the next windows' prompt either."""
-        tb = self.vocab.timestamp_begin
-        toks = r.tokens
-        is_ts = [t >= tb for t in toks]
-        decode = self.target.tokenizer.decode
-
-        def seg(start: float, end: float, part: list[int]) -> Segment:
-            text = decode(part)
-            start, end = (min(round(offset + t, 3), round(duration_limit, 3)) for t in (start, end))
-            return Segment(start, end, text, part, temperature,
-                           r.avg_logprob, compression_ratio(text), r.no_speech_prob)
-
-        single_ending = is_ts[-2:] == [False, True]
-        cuts = [i + 1 for i in range(len(toks) - 1) if is_ts[i] and is_ts[i + 1]]
-        if cuts:
-            if single_ending:
-                cuts.append(len(toks))
-            out, last = [], 0
-            for cut in cuts:
-                part = toks[last:cut]
-                start, end = (part[0] - tb) * TOKEN_SECONDS, (part[-1] - tb) * TOKEN_SECONDS
-                out.append(seg(start, end, part))
-                last = cut
-            advance = size if single_ending else (toks[last - 1] - tb) * 2
-            return [s for s in out if s.text.strip() and s.tokens[0] != s.tokens[-1]], advance
-        stamps = [t for t in toks if t >= tb]
-        duration = size / FRAMES_PER_SECOND
-        if stamps and stamps[-1] != tb:
-            duration = (stamps[-1] - tb) * TOKEN_SECONDS
-        out = [seg(0.0, duration, toks)]
-        return [s for s in out if s.text.strip()], size

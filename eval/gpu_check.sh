@@ -53,7 +53,7 @@ done
 # streams did not finish in 110 s on an H200 host); PROFILE_DRAFTS="on off" also runs it with serve --no-stream-draft
 for n in ${PROFILE_SESS:-}; do
 for d in ${PROFILE_DRAFTS:-on}; do
-  ASR_SPEC_STATIC=${PROFILE_MODE:-auto} step "${PROFILE_LIMIT:-120}" $PY eval/profile_stream.py --device "$DEVICE" \
+  ASR_SPEC_STATIC=${PROFILE_MODE:-auto} step "${PROFILE_LIMIT:-120}" $PY eval/experiments/profile_stream.py --device "$DEVICE" \
     --compute-type "$TYPE" --sessions "$n" --seconds "${STREAM_SECONDS:-$SECS}" --threads "$THREADS" --no-cprofile \
     $([ "$d" = off ] && echo --no-stream-draft) > "$OUT/profile-stream-$n$([ "$d" = off ] && echo -hints-only).txt" 2>&1
 done

@@ -59,12 +59,14 @@ def md_table(head: list[str], rows: list[list]) -> str:
 def eval_table(doc: dict) -> str:
     """``asr_spec eval``'s results.json: one row per system."""
     peers, vs = doc["speedup_vs_peer"], doc["speedup_vs_target"]
-    head = ["system", "compute type", "WER %", "identical to target", "α", "tokens/pass", "encoder s", "decode s",
-            "wall s", "peak RSS MB", "decode speed-up vs target", "wall speed-up vs target",
+    cost = doc.get("pass_cost_vs_target", {})
+    head = ["system", "compute type", "WER %", "identical to target", "α", "tokens/pass", "pass in target passes",
+            "encoder s", "decode s", "wall s", "peak RSS MB", "decode speed-up vs target", "wall speed-up vs target",
             *(f"wall vs {p}" for p in peers)]
     rows = [[name, m.get("compute_type") or "—", m["wer"],
              "—" if m["identical_to_target"] is None else f"{m['identical_to_target']}/{m['utterances']}",
-             pct(m.get("acceptance")), m.get("tokens_per_pass"), m["encoder_s"], m["decode_s"], m["wall_s"],
+             pct(m.get("acceptance")), m.get("tokens_per_pass"), cost.get(name), m["encoder_s"], m["decode_s"],
+             m["wall_s"],
              m["peak_rss_mb"], times(vs["decode"].get(name)), times(vs["wall"].get(name)),
              *(times(peers[p].get(name)) for p in peers)] for name, m in doc["systems"].items()]
     return md_table(head, rows)
@@ -253,6 +255,16 @@ def capacity_plot(doc: dict, title: str) -> Figure:
     return fig
 
 
+def parity_table(doc: dict) -> str:
+    """eval/whisper_parity.py: per padding mode, asr_spec's text against openai-whisper's own code."""
+    call = {"mel": "whisper.transcribe()", "audio": "whisper.decode() on pad_or_trim(audio)"}
+    rows = [[f"`--window-padding {mode}`", call[mode], doc.get("beam", 1),
+             f"{m['identical']}/{m['compared']}" if m["compared"] else "— (no such call: decode() reads one window)",
+             m["wer_asr_spec"], m["wer_openai_whisper"] if m["compared"] else "—"] for mode, m in doc["modes"].items()]
+    return md_table(["asr_spec", "openai-whisper", "beams", "identical texts", "WER % asr_spec",
+                     "WER % openai-whisper"], rows)
+
+
 def shared_table(doc: dict) -> str:
     s = doc["summary"]
     first, up, adm = s["first_session"], s["uploads"], s["admission"]
@@ -274,7 +286,8 @@ KINDS: dict[str, tuple[Callable[..., str], Callable[[dict, str], Figure] | None]
     "streaming-wer": (wer_table, None),
     "streaming-capacity": (capacity_table, capacity_plot), "live-uploads": (live_table, None),
     "word-timestamps": (word_table, None), "ray": (ray_table, None), "encoder": (encoder_table, None),
-    "draft-misses": (misses_table, None), "shared-machine": (shared_table, None)}
+    "draft-misses": (misses_table, None), "shared-machine": (shared_table, None),
+    "parity": (parity_table, None)}
 
 
 def save(fig: Figure, path: Path) -> None:

@@ -1,6 +1,6 @@
 """asr_spec's text against openai-whisper's own code on the same weights, in each window-padding mode (issue 80).
 
-    python eval/whisper_parity.py [--manifest ../shared/data/dev/manifest.jsonl] [--modes mel,audio] [--beam 1]
+    python eval/whisper_parity.py [--manifest FILE (default: the dev set's)] [--modes mel,audio] [--beam 1]
                                   [--threads 2] [--out eval/results/openai-whisper/parity.json]
 
 float32, greedy (or ``--beam N``: beam search on both sides), no temperature fallback, English, timestamps. ``mel``: ``asr_spec transcribe --window-padding mel``
@@ -12,6 +12,7 @@ utterance whose texts differ.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import numpy as np
@@ -44,16 +45,17 @@ def theirs(model, audio: np.ndarray, mode: WindowPadding, beam: int) -> str | No
 def main() -> None:
     import torch
 
-    from asr_spec.evaluation.data import DataSet
+    from asr_spec.evaluation.data import DataSet, dev_dir
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--manifest", type=Path, default=ROOT.parent / "shared/data/dev/manifest.jsonl")
+    p.add_argument("--manifest", type=Path, default=None, help="a manifest (default: the dev set's)")
     p.add_argument("--modes", default="mel,audio")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--beam", type=int, default=1, help="beams of a beam search on both sides (1: greedy)")
     p.add_argument("--out", type=Path, default=ROOT / "eval/results/openai-whisper/parity.json")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
+    a.manifest = a.manifest or dev_dir() / "manifest.jsonl"
     data = DataSet.read(a.manifest)
     target, draft = load(ModelOptions(threads=a.threads, measure_now=False))
     tr = Transcriber(target, draft)
@@ -82,7 +84,8 @@ def main() -> None:
         a_, m_ = out["audio"]["texts"], out["mel"]["texts"]
         print(f"the two paddings give other texts on {sum(a_[i] != m_[i] for i in a_)} of {len(a_)}: "
               + ", ".join(i for i in a_ if a_[i] != m_[i]), flush=True)
-    write_results(a.out, {"manifest": str(a.manifest), "beam": a.beam, "modes": out}, a.threads)
+    manifest = os.path.relpath(a.manifest.resolve(), ROOT)  # no machine's own folders in a results file
+    write_results(a.out, {"manifest": manifest, "beam": a.beam, "modes": out}, a.threads)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,9 @@ from conftest import DEV, system_tool
 
 from asr_spec.audio import SAMPLE, SAMPLE_RATE, load_audio
 from asr_spec.distill.augment import KINDS, augment, convolved
-from asr_spec.distill.data import Example, augmented, label, synthesize
+from asr_spec.distill.data import Example, augmented, label, shard_examples, synthesize
 from asr_spec.distill.onpolicy import on_policy
-from asr_spec.distill.train import Batcher, shard_examples
+from asr_spec.distill.train import Batcher
 from asr_spec.distill.tts import Voice, festival_voices, random_voice, speak
 from asr_spec.models.loader import load_draft
 

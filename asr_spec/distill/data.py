@@ -6,7 +6,7 @@ import hashlib
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -204,3 +204,24 @@ def _with_top_k(target: Whisper, decoded: list[tuple[str, str, torch.Tensor, lis
             out.append(Example(cid, source, m.to(torch.float16).cpu(), prompt, labels, top.indices.to(torch.int32).cpu(),
                                top.values.to(torch.float16).cpu()))
     return out
+
+
+Clip = tuple[str, str, np.ndarray]  # (id, source, audio), as clips() yields them
+
+
+def shard_examples(shard: Path, batch: list[Clip],
+                   label_todo: Callable[[list[tuple[int, Clip]]], list[Example]]) -> list[Example]:
+    """The examples of ``batch`` from its shard, the clips the shard has not labelled yet labelled by ``label_todo``
+    and the shard rewritten. A shard keeps the ids of the clips it labelled (a clip may give no example: a loop,
+    silence), so that a run with fewer clips (ending inside a shard) or other ones (a longer run) loses none."""
+    data = torch.load(shard, weights_only=False) if shard.exists() else {"ids": [], "examples": []}
+    if isinstance(data, list):  # a shard written before the ids were kept: the clips behind its examples
+        data = {"ids": sorted({e.id.split("#")[0] for e in data}), "examples": data}
+    done = set(data["ids"])
+    todo = [(j, b) for j, b in enumerate(batch) if b[0] not in done]
+    if todo:
+        data = {"ids": data["ids"] + [b[0] for _, b in todo], "examples": data["examples"] + label_todo(todo)}
+        torch.save(data, shard.with_suffix(".tmp"))
+        shard.with_suffix(".tmp").replace(shard)
+    ids = {cid for cid, _, _ in batch}
+    return [e for e in data["examples"] if e.id.split("#")[0] in ids]

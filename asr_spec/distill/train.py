@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
@@ -21,7 +20,18 @@ from ..audio import SAMPLE_RATE
 from ..models.loader import DRAFT_META, Whisper, distilled_decoder, load_target, save_distilled
 from ..writers import write_atomic
 from . import LABEL_BATCH
-from .data import Example, audio_files, augmented, clips, label, label_sessions, sessions, synthesize
+from .data import (
+    Clip,
+    Example,
+    audio_files,
+    augmented,
+    clips,
+    label,
+    label_sessions,
+    sessions,
+    shard_examples,
+    synthesize,
+)
 from .deepen import deepened
 from .onpolicy import on_policy
 from .shortlist import choose_shortlist, widened
@@ -162,33 +172,12 @@ def build_data(o: DistillOptions, target: Whisper) -> tuple[list[Example], dict[
     return examples, {k: round(v, 3) for k, v in hours.items()}
 
 
-Clip = tuple[str, str, np.ndarray]  # (id, source, audio), as data.clips yields them
-
-
 def _label_clips(target: Whisper, todo: list[tuple[int, Clip]], o: DistillOptions, start: int) -> list[Example]:
     """Examples of the clips ``todo`` ((index in their batch, clip)): each with timestamps, every
     ``notimestamps_every``-th (by its place in the source) also without."""
     got = label(target, [b for _, b in todo], o.top_k, timestamps=True, padding=o.window_padding)
     extra = [b for j, b in todo if (start + j) % o.notimestamps_every == 0]
     return got + (label(target, extra, o.top_k, timestamps=False, padding=o.window_padding) if extra else [])
-
-
-def shard_examples(shard: Path, batch: list[Clip],
-                   label_todo: Callable[[list[tuple[int, Clip]]], list[Example]]) -> list[Example]:
-    """The examples of ``batch`` from its shard, the clips the shard has not labelled yet labelled by ``label_todo``
-    and the shard rewritten. A shard keeps the ids of the clips it labelled (a clip may give no example: a loop,
-    silence), so that a run with fewer clips (ending inside a shard) or other ones (a longer run) loses none."""
-    data = torch.load(shard, weights_only=False) if shard.exists() else {"ids": [], "examples": []}
-    if isinstance(data, list):  # a shard written before the ids were kept: the clips behind its examples
-        data = {"ids": sorted({e.id.split("#")[0] for e in data}), "examples": data}
-    done = set(data["ids"])
-    todo = [(j, b) for j, b in enumerate(batch) if b[0] not in done]
-    if todo:
-        data = {"ids": data["ids"] + [b[0] for _, b in todo], "examples": data["examples"] + label_todo(todo)}
-        torch.save(data, shard.with_suffix(".tmp"))
-        shard.with_suffix(".tmp").replace(shard)
-    ids = {cid for cid, _, _ in batch}
-    return [e for e in data["examples"] if e.id.split("#")[0] in ids]
 
 
 def _jsonable(o: DistillOptions) -> dict:

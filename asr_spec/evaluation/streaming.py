@@ -1,4 +1,4 @@
-"""What the streaming benchmarks (eval/bench_streaming.py, bench_realtime.py, bench_delay.py, profile_stream.py)
+"""What the streaming benchmarks (eval/bench_streaming.py, bench_realtime.py, experiments/bench_delay.py, experiments/profile_stream.py)
 share: per-word latency from a session's event log against the offline transcript's word times, words missing,
 the capacity bar, how the server's inference thread spends its time, an in-process server around an engine, and
 clients streaming at real time from a process of their own.

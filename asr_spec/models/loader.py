@@ -127,6 +127,8 @@ def load_target(spec: str = EMBEDDED, device: str = "cpu", compute_type: str | P
     path = resolve(spec)
     p = compute_type if isinstance(compute_type, Precision) else \
         ModelOptions(spec, None, device, compute_type).precision()
+    if path.is_dir() and not (path / "config.json").exists():
+        raise ModelError(f"{spec}: not a Whisper model: no config.json in it; {_remedy(path)}")
     net = _readable(spec, path, "weights as a Whisper model", lambda: load_network(path, p.float, device))
     if not net.has_encoder:
         raise ModelError(f"{spec}: a decoder alone (a draft), not a whole Whisper")

@@ -2,7 +2,7 @@
 N dev-set files with the shipped draft; prints the loop's steps and everything they call directly (cumulative
 seconds; cProfile inflates Python-heavy parts) and the number of target passes, to get the per-pass overhead.
 
-    python eval/profile_loop.py [--files 12] [--threads 2] [--device cuda] [--compute-type float16]
+    python eval/experiments/profile_loop.py [--files 12] [--threads 2] [--device cuda] [--compute-type float16]
                                  [--dev DIR | --manifest FILE]
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ defaults, at a fixed 0.5 s step), the busy time split into voice
 detection, encoding, decoding (prefill, verify passes, draft steps) and AlignAtt's word alignment, per stream
 second, and the rest of the tick; then the functions that took the most time themselves (cProfile).
 
-    python eval/profile_stream.py [--sessions 4] [--seconds 40] [--device cpu] [--compute-type auto]
+    python eval/experiments/profile_stream.py [--sessions 4] [--seconds 40] [--device cpu] [--compute-type auto]
                                   [--threads 2] [--top 25] [--encoder-window stream|audio|full] [--no-cprofile | --torch-profiler] [--ops]
                                   [--alignment pass|decode] [--pad S] [--lookahead S] [--[no-]stream-draft]
                                   [--dev DIR]
