@@ -18,11 +18,11 @@ from .decoding.rows import DecodeOptions, Decoders, RowRequest, RowResult
 from .decoding.sampling import Sampler
 from .decoding.speculative import DecodingTask
 from .decoding.static import open_decode
+from .models.auto import K  # most drafted tokens per target pass, by default
 from .models.kv_decoder import CrossKV
 from .models.loader import Draft, Whisper
 from .models.pair import Pair
 
-K = 3  # most drafted tokens per target pass, by default
 DRAFT_STOP = 0.3  # by default a pass stops drafting when the draft believes its proposal less than this
 
 

@@ -5,8 +5,7 @@ gets a pool of worker threads of its own, kept until that thread ends. Once the 
 than the machine has cores, libgomp's workers stop waiting for the next operator spinning and sleep at once (its
 "throttled" wait), so every operator pays for waking them. A server decodes in a thread of its own after its main
 thread loaded the models with a pool of its own: on a 2-core Xeon with AMX, 2 torch threads, a 0.5 s stream step
-took 224-229 ms in that thread against 127-129 ms in the main thread (2026-11-29, eval/experiments/omp_pools.py;
-eval/results/one-pool). A thread
+took 224-229 ms in that thread against 127-129 ms in the main thread (eval/experiments/omp_pools.py). A thread
 that hands its torch work to another calls :func:`release_pool`: its workers end (it gets new ones if it runs torch
 again), and the decoding thread's pool is the process's only one.
 """

@@ -17,21 +17,23 @@ import socket
 import threading
 from collections import Counter
 from functools import partial
+from http import HTTPStatus
 from pathlib import Path
 from typing import Callable
 
 import uvicorn
 from asr_spec.server.asgi import HeadTimeout, MethodGuard, Uvicorn, WebSockets
+from asr_spec.server.auth import KeyGuard
 from asr_spec.server.config import ServerConfig, install_log_redaction
 from asr_spec.server.files import FileWorker
-from asr_spec.server.openai_api import PATHS, transcription
+from asr_spec.server.openai_api import PATHS, ApiError, transcription
 from asr_spec.server.protocol import ProtocolError
 from asr_spec.server.realtime import RealtimeSession
 from asr_spec.server.session import Session, StreamSession
 from asr_spec.server.settings import ServeSettings
 from asr_spec.server.shared import Shared
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
@@ -73,7 +75,9 @@ class Server:
                   WebSocketRoute("/", self.websocket),
                   WebSocketRoute("/v1/realtime", partial(self.websocket, kind=RealtimeSession)),  # realtime.py
                   *(Route(path, transcription(self.shared, task), methods=["POST"]) for path, task in PATHS.items())]
-        self.app = MethodGuard(Starlette(routes=routes), PATHS)
+        self.routes = routes  # every route is KeyGuard's but server/auth.py's PUBLIC ones
+        guarded = KeyGuard(Starlette(routes=routes), self.shared.key_of, self._denial, self._refused)
+        self.app = MethodGuard(guarded, PATHS)
         self._worker: threading.Thread | None = None
 
     @classmethod
@@ -148,8 +152,6 @@ class Server:
 
     async def metrics_page(self, request: Request) -> Response:
         shared = self.shared
-        if shared.key_of(request) is None:
-            return unauthorized()
         if request.query_params.get("format") == "json":
             return JSONResponse(await asyncio.to_thread(shared.metrics.snapshot, self.engine, len(shared.sessions)))
         body, content_type = await asyncio.to_thread(shared.metrics.scrape, self.engine, len(shared.sessions),
@@ -159,18 +161,25 @@ class Server:
     async def page(self, request: Request) -> Response:
         return FileResponse(STATIC / "index.html", media_type="text/html; charset=utf-8")
 
+    def _denial(self, conn: HTTPConnection) -> Response:
+        """What a connection without the right key gets: OpenAI's error object on its endpoints, else plain text."""
+        if conn.scope["type"] == "http" and conn.url.path in PATHS:
+            return ApiError(HTTPStatus.UNAUTHORIZED, "missing or wrong API key (Authorization: Bearer KEY)",
+                            code="invalid_api_key").response()
+        return unauthorized()
+
+    def _refused(self, conn: HTTPConnection) -> None:
+        if conn.scope["type"] == "websocket":  # one warning line: a wrong key is the client's mistake
+            log.warning("refused a WebSocket handshake on %s from %s: missing or wrong API key (401)", conn.url.path,
+                        conn.client.host if conn.client else "an unknown address")
+            self.shared.metrics.refuse("unauthorized")
+
     # --- WebSocket sessions ---------------------------------------------------------------------------
     async def websocket(self, ws: WebSocket, kind: type[StreamSession] = Session) -> None:
         session = kind(self.shared, ws)  # the native protocol's, or OpenAI Realtime's (realtime.py)
-        if (key := session.authorize()) is None:  # one warning line: a wrong key is the client's mistake
-            log.warning("refused a WebSocket handshake on %s from %s: missing or wrong API key (401)", ws.url.path,
-                        ws.client.host if ws.client else "an unknown address")
-            self.shared.metrics.refuse("unauthorized")
-            await ws.send_denial_response(unauthorized())
-            return
         await session.accept()
         c = self.config
-        who = self.shared.client_of(ws, key)
+        who = self.shared.client_of(ws, ws.state.api_key)  # KeyGuard let it in with this key
         refusal = None
         if len(self.connections) >= c.max_sessions:
             refusal = ("server_full", f"all {c.max_sessions} sessions are in use; try again later")

@@ -69,6 +69,9 @@ def api_keys(cli_key: str | None, key_file: str | None) -> tuple[str, ...]:
     return (key,) if (key := os.environ.get(KEY_ENV)) else ()
 
 
+KEY_PROTOCOL = "openai-insecure-api-key."  # browsers: the key as a WebSocket subprotocol (OpenAI's name)
+
+
 def match_key(keys: tuple[str, ...], token: str) -> str | None:
     """The key among ``keys`` that ``token`` is (compared in constant time), or None."""
     matches = [k for k in keys if hmac.compare_digest(token.encode(errors="replace"), k.encode())]

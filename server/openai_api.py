@@ -68,7 +68,7 @@ def transcription(shared: Shared, task: str) -> Callable[[Request], Awaitable[Re
 
     async def endpoint(request: Request) -> Response:
         try:
-            upload = replace(await _receive(shared, request, task), client=shared.client_of(request, shared.key_of(request)))
+            upload = replace(await _receive(shared, request, task), client=shared.client_of(request, request.state.api_key))
             transcript = await _transcribe(shared, upload)
             shared.metrics.uploads.labels("transcribed", "200").inc()
             return Response(*render(upload, transcript, shared.language_names or {}))
@@ -109,9 +109,6 @@ async def _transcribe(shared: Shared, upload: Upload) -> Transcript:
 
 async def _receive(shared: Shared, request: Request, task: str) -> Upload:
     c = shared.config
-    if shared.key_of(request) is None:
-        raise ApiError(HTTPStatus.UNAUTHORIZED, "missing or wrong API key (Authorization: Bearer KEY)",
-                       code="invalid_api_key")
     if shared.files is None:
         raise ApiError(HTTPStatus.NOT_FOUND, "this server does not transcribe files", code="not_found")
     length = request.headers.get("content-length", "")

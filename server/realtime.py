@@ -11,7 +11,6 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from asr_spec.server.config import match_key
 from asr_spec.server.protocol import ProtocolError
 from asr_spec.server.realtime_events import (
     UPDATES,
@@ -33,7 +32,6 @@ from starlette.websockets import WebSocket
 from asr_spec.streaming.events import Event
 from asr_spec.streaming.policy import AlignAtt
 
-KEY_PROTOCOL = "openai-insecure-api-key."  # browsers: the key as a WebSocket subprotocol
 BETA_PROTOCOL = "openai-beta.realtime-v1"
 MIN_COMMIT_S = 0.1  # OpenAI refuses to commit less audio than this
 
@@ -70,12 +68,6 @@ class RealtimeSession(StreamSession):
         self.discard_until = 0  # after a clear: the flush before which the engine's events are dropped
 
     # --- handshake ------------------------------------------------------------------------------------------
-    def authorize(self) -> str | None:
-        if (key := super().authorize()) is not None:
-            return key
-        keys = [p[len(KEY_PROTOCOL):] for p in self.offered if p.startswith(KEY_PROTOCOL)]
-        return match_key(self.config.api_keys, keys[0]) if len(keys) == 1 else None
-
     async def accept(self) -> None:
         await self.ws.accept(subprotocol="realtime" if "realtime" in self.offered else None)
 

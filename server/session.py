@@ -52,10 +52,6 @@ class StreamSession:
         self.held: list[tuple[int, list, int]] = []
 
     # --- what a protocol says -----------------------------------------------------------------------------
-    def authorize(self) -> str | None:
-        """The API key the handshake presents ("" when none is needed), None when it is missing or wrong."""
-        return self.shared.key_of(self.ws)
-
     async def accept(self) -> None:
         await self.ws.accept()
 

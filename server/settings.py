@@ -125,11 +125,8 @@ class ServeSettings(BaseSettings):
     def sessions(self) -> int:
         """max_sessions, else the most simultaneous speakers one engine serves at real time with final latency
         median <= 3 s, as measured with serve's defaults (`python eval/bench_streaming.py --skip-wer --sessions
-        1,2,4,6,8`; docs/results.md): on a 2-core Intel Xeon with AMX (bfloat16), 4 sessions (2026-11-25: final
-        latency median 2.7, 2.7 and 3.2 s in three runs); on a 2-core AMD EPYC without AVX-512 (int8), 2 (2026-11-25:
-        RTF 0.90, final median 3.0 s; 2026-11-26 with the streaming encoder: 1 session RTF 0.76, final median 2.2 s,
-        4 fall behind; 2026-11-29, streams drafting with their hints: 2 at RTF 0.80, final median 2.2 s, 4 at RTF
-        0.91 but 3.3 s). So: 2 per core with AMX, else 1 per core. CUDA: 16 (an H100, 2026-11-25)."""
+        1,2,4,6,8`; docs/results.md, "Streaming"): on a 2-core Intel Xeon with AMX (bfloat16) 4 keep up, on a 2-core
+        AMD EPYC without AVX-512 (int8) 2. So: 2 per core with AMX, else 1 per core. CUDA: 16 (an H100)."""
         if self.max_sessions:
             return self.max_sessions
         return 16 if self.cuda else _cores() * (2 if amx() else 1)
@@ -137,7 +134,7 @@ class ServeSettings(BaseSettings):
     def torch_threads(self) -> int:
         """threads, else on a CPU every core the process may use; 0 (torch's choice) on CUDA. The decoding thread
         holds the process's only OpenMP pool (asr_spec/threads.py), so its threads no longer sleep between operators
-        and a second one pays: 2-core Xeon with AMX, 2026-11-29, `python eval/bench_streaming.py --skip-wer --threads
+        and a second one pays: 2-core Xeon with AMX, `python eval/bench_streaming.py --skip-wer --threads
         1|2`: 4 sessions final latency median 2.25-2.39 s with 1 thread against 1.69 s with 2, 8 sessions 4.05-4.22
         against 3.00-3.13 s (eval/results/one-pool). Before that fix one thread fewer than the cores measured
         faster."""
@@ -153,7 +150,7 @@ class ServeSettings(BaseSettings):
     def window(self) -> str:
         """encoder_window, else full on CUDA and stream on a CPU. On a GPU the streaming encoder's arithmetic is
         nothing, its host work per stream everything: it attends each buffer on its own (~280 torch operations per
-        stream and step, eval/profile_stream.py --ops), where full windows take one encoder call for every stream
+        stream and step, eval/experiments/profile_stream.py --ops), where full windows take one encoder call for every stream
         (~20): on an H200, 64 streams' ticks spent most of their time issuing them (eval/results/gpu-h200-attention).
         On a CPU the arithmetic is what counts: a 30 s window is ~5x the streaming encoder's tail."""
         if self.encoder_window != "auto":

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from asr_spec.server.config import ServerConfig, bearer_token, match_key
+from asr_spec.server.config import KEY_PROTOCOL, ServerConfig, bearer_token, match_key
 from asr_spec.server.files import FileWorker
 from asr_spec.server.metrics import Metrics
 from starlette.requests import HTTPConnection
@@ -86,10 +86,14 @@ class Shared:
 
     def key_of(self, conn: HTTPConnection) -> str | None:
         """The API key this request presents, when it is one of the server's ("" when none is needed); None
-        when it is missing or wrong. ``Authorization: Bearer KEY``, or ``?api_key=KEY`` (browsers cannot set
-        headers on a WebSocket)."""
+        when it is missing or wrong. ``Authorization: Bearer KEY``, or ``?api_key=KEY``, or on a WebSocket the
+        subprotocol ``openai-insecure-api-key.KEY`` (browsers cannot set headers on a WebSocket)."""
         if not self.config.api_keys:
             return ""
         auths = conn.headers.getlist("authorization")
         auth = auths[0] if len(auths) == 1 else ""  # two Authorization headers: neither counts
-        return match_key(self.config.api_keys, bearer_token(auth) or conn.query_params.get("api_key", ""))
+        if (key := match_key(self.config.api_keys, bearer_token(auth) or conn.query_params.get("api_key", ""))):
+            return key
+        offered = [p.strip() for p in conn.scope.get("subprotocols", [])]
+        keys = [p[len(KEY_PROTOCOL):] for p in offered if p.startswith(KEY_PROTOCOL)]
+        return match_key(self.config.api_keys, keys[0]) if len(keys) == 1 else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,3 +97,11 @@ def test_no_long_files():
                     long.append(f"{path.relative_to(ROOT)}: {n} lines")
     assert not long, f"files over {MAX_LINES} lines: {long}"
     assert len((ROOT / "asr_spec" / "cli.py").read_text().splitlines()) <= CLI_MAX_LINES
+
+
+def test_no_dated_history_in_product_code():
+    """Comments say why, commit messages say when: no ``20YY-MM-DD`` in the package's sources."""
+    dated = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+    found = [f"{path.relative_to(ROOT)}:{n}" for folder in FOLDERS.values() for path in sorted(folder.rglob("*"))
+             if path.suffix in SOURCES for n, line in enumerate(path.read_text().splitlines(), 1) if dated.search(line)]
+    assert not found, f"dated lines: {found}"

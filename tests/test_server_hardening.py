@@ -406,3 +406,46 @@ def test_signal_closes_sessions_with_1001_and_exits_0(tiny_dir, tmp_path, sig):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+# --- one guard over every route -------------------------------------------------------------------------------
+def test_every_route_but_the_declared_public_ones_refuses_a_request_without_the_key(server, tiny_target):
+    """The app's routes, enumerated: each that auth.PUBLIC does not declare refuses a request (every method it
+    answers) or a WebSocket handshake without the key and with a wrong one (401) and takes the key; the public ones
+    answer without one. A route someone adds is guarded unless declared public."""
+    from starlette.routing import Mount, Route, WebSocketRoute
+
+    from asr_spec.server.auth import is_public
+
+    routes = Server(Engine(Transcriber(tiny_target)), ServerConfig(api_keys=(KEY,))).routes
+    checked = {"http": 0, "websocket": 0, "public": 0}
+    for route in routes:
+        if isinstance(route, WebSocketRoute):
+            assert not is_public("websocket", route.path), route.path
+            for query in ("", "?api_key=not-the-Key_7"):
+                with pytest.raises(InvalidStatus) as refused:
+                    connect(f"ws://127.0.0.1:{server}{route.path}{query}", open_timeout=10, close_timeout=5)
+                assert refused.value.response.status_code == 401, f"WebSocket {route.path}{query}"
+            with connect(f"ws://127.0.0.1:{server}{route.path}", additional_headers=AUTH, open_timeout=10,
+                         close_timeout=5):
+                pass  # let in with the key
+            checked["websocket"] += 1
+            continue
+        assert isinstance(route, (Route, Mount)), f"a route of a kind this test does not know: {route!r}"
+        path = route.path + "/pcm-worklet.js" if isinstance(route, Mount) else route.path
+        methods = ["GET"] if isinstance(route, Mount) else sorted(route.methods)
+        for method in methods:
+            body = b"" if method == "POST" else None
+            if is_public("http", path):
+                status = http_request(server, method, path, body=body)[0]
+                assert status == 200, f"{method} {path} (public) without a key: {status}"
+                checked["public"] += 1
+                continue
+            for headers in ({}, {"Authorization": "Bearer nope"}):
+                status, got, answer = http_request(server, method, path, headers, body)
+                assert status == 401 and got.get("WWW-Authenticate") == "Bearer", \
+                    f"{method} {path} with {headers}: {status} {answer[:200]!r}"
+            status = http_request(server, method, path, AUTH, body)[0]
+            assert status != 401, f"{method} {path} with the key: {status}"
+            checked["http"] += 1
+    assert checked["websocket"] == 2 and checked["http"] >= 4 and checked["public"] >= 5, checked

@@ -6,7 +6,7 @@ pass of K + 1 tokens: an average dev-set utterance's decode). The fastest is kep
 (``auto/*.json``, with every type's seconds) and used from then on; delete the file to measure again (a new release
 whose costs changed, :data:`REVISION`, measures again by itself). Measuring takes
 seconds (each type's load dominates). CPU flags alone chose badly: int8 on a CPU with AVX512-BF16 meant int8_bfloat16,
-slower there than int8_float32 (issue 39).
+slower there than int8_float32.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ T = TypeVar("T")
 # the decode's costs change, or what is measured does: 4 times beam searches too)
 REVISION = 4
 PASSES = 12  # speculative passes per window: a dev utterance's 26 tokens at ~2.2 per pass
-K = 3  # draft steps per pass (the default draft length)
+K = 3  # most drafted tokens per target pass by default (every command's --k): the widths are measured at it
 LOCK_WAIT_S = 120.0  # longest wait for another process's measurement of the same thing
 
 

@@ -124,7 +124,7 @@ def row_exact(way: Way, weight: torch.Tensor, counts: tuple[int, ...]) -> bool:
     with ``weight`` (:func:`probe_weight`). Every output of those rows is compared: two kernels that sum in other
     orders differ only where the rounding to the output's type falls apart (a few outputs in 10,000 in bfloat16),
     which one row alone often misses (on a Xeon with AMX a 2-row call's kernel differed from a 1-row call's in 3 of
-    51865 outputs of a row, 2026-11-28)."""
+    51865 outputs of a row)."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(max(counts), weight.shape[1], generator=g).to(weight.device, weight.dtype)
     try:  # a way this machine's torch cannot run (oneDNN's packed products elsewhere) is not this machine's

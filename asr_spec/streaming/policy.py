@@ -32,15 +32,15 @@ class AlignAtt:
     """Commits the words the audio already supports and the target is sure of (see the module's text)."""
     name: ClassVar[str] = "alignatt"
     aligns: ClassVar[bool] = True  # its commits read the continuation's words, aligned
-    # 0.3 s since 2026-11-29 (was 0.5): one speaker's final median 0.97-1.25 -> 0.81-0.89 s, the same dev WER
-    # (eval/results/final-check)
+    # a longer margin costs latency for no WER: with 0.5 s one speaker's final median was 0.97-1.25 s against
+    # 0.81-0.89 s, the same dev WER (a final is checked against the padded window anyway)
     margin_s: float = 0.3
     # a word the target gives less than this waits until it ends ``unsure_margin_s`` before the decoded audio: Whisper's
     # early mistakes ("their" for "there") are such words, which more audio after them corrects (dev WER 8.39 % without
     # the rule, 7.53 % at 0.7, 7.18 % at 0.8 or 0.9; offline 6.92 %; docs/how-it-works.md)
     min_probability: float = 0.8
-    # 2 s since 2026-11-29 (was 3 s): 4 speakers' final median 1.45-1.54 -> 1.23-1.34 s, p90 3.43 -> 2.50-2.57 s, the
-    # same dev WER, long-form 0.53 -> 0.71 % off the offline text (eval/results/final-check)
+    # with 3 s, 4 speakers' final median was 1.45-1.54 s against 1.23-1.34 s (p90 3.43 against 2.50-2.57 s), the same
+    # dev WER, long-form 0.53 against 0.71 % off the offline text
     unsure_margin_s: float = 2.0
 
     def commit(self, b: Boundaries, cont: list[int], previous: list[int], words: WordsOf, heard_s: float) -> int:
