@@ -413,9 +413,8 @@ def test_every_route_but_the_declared_public_ones_refuses_a_request_without_the_
     """The app's routes, enumerated: each that auth.PUBLIC does not declare refuses a request (every method it
     answers) or a WebSocket handshake without the key and with a wrong one (401) and takes the key; the public ones
     answer without one. A route someone adds is guarded unless declared public."""
-    from starlette.routing import Mount, Route, WebSocketRoute
-
     from asr_spec.server.auth import is_public
+    from starlette.routing import Mount, Route, WebSocketRoute
 
     routes = Server(Engine(Transcriber(tiny_target)), ServerConfig(api_keys=(KEY,))).routes
     checked = {"http": 0, "websocket": 0, "public": 0}
