@@ -1,10 +1,9 @@
 """docs/results.md and its plots (docs/results/*.png), regenerated from the JSON that ``asr_spec eval`` and the
-``eval/`` benchmarks save: eval/results/index.json names the runs of the summary (one row per machine: speed-ups,
-WER, live speakers) and, per topic and section of the page, the current run(s) of each measurement. Every table is
-headed by the machine, date and command of its run, as its JSON records them, else as the index gives them; commands
-are shown without the absolute paths of the machine that ran them (``portable``). Runs the index no longer lists
-leave the page for its lab notebook (a list per results folder, beside the folder's README); their JSON stays in
-eval/results/.
+``eval/`` benchmarks save: eval/results/index.json names the runs of the summary (one row per CPU: the current code
+with the shipped draft, speed-ups, WER, live speakers, commit) and, per topic of the page, its current run. Every
+table is headed by the machine, date, commit and command of its run, as its JSON records them, else as the index gives
+them; commands are shown without the absolute paths of the machine that ran them (``portable``). Runs that are no
+longer current are not kept: eval/results/README.md says what they measured, and git keeps them.
 
     python eval/results_page.py [--index eval/results/index.json] [--out docs/results.md]
 
@@ -298,8 +297,8 @@ def save(fig: Figure, path: Path) -> None:
 # --- the page -------------------------------------------------------------------------------------------------------
 
 # Absolute paths of the machine that ran a command, shortened so that a command reads the same on any machine: the dev
-# set beside the checkout as ``../shared/data/...``, eval/gpu_check.sh's data folder as ``GPU_DATA``, a checkout's
-# files relative to it, and any other folder (temporary, output, home) as ``OUT``.
+# set beside the checkout (or eval/gpu_check.sh's copy of it) as ``../shared/data/...``, a checkout's files relative
+# to it, and any other folder (temporary, output, home) as ``eval/out/`` and its last name.
 DATA = re.compile(r"(?<![\w.~-])(?:/[^\s/'\"`]+)*/shared/data/")
 GPU_DATA = re.compile(r"(?<![\w.~-])/tmp/gpu(?=/|\b)")
 CHECKOUT = re.compile(r"(?<![\w.~-])/(?:work|home|root|tmp)(?:/[^\s/'\"`]+)*?"
@@ -313,16 +312,16 @@ def portable(command: str, renamed: dict[str, str] | None = None) -> str:
     for old, new in (renamed or {}).items():
         command = re.sub(rf"(?<![\w/-]){re.escape(old)}(?![\w-])", new, command)
     command = DATA.sub("../shared/data/", command)
-    command = GPU_DATA.sub("GPU_DATA", command)
+    command = GPU_DATA.sub("../shared/data", command)
     command = CHECKOUT.sub("", command)
-    return MACHINE_PATH.sub(lambda m: "OUT/" + name if (name := m.group(0).rstrip("/").rsplit("/", 1)[-1]) else "OUT",
-                            command)
+    return MACHINE_PATH.sub(lambda m: "eval/out/" + name if (name := m.group(0).rstrip("/").rsplit("/", 1)[-1])
+                            else "eval/out", command)
 
 
 def provenance(doc: dict | list, run: dict, renamed: dict[str, str] | None = None) -> dict[str, str]:
-    """Machine, threads, date and command of a run: from its JSON (``provenance``, ``environment`` of ``asr_spec
-    eval``, or top-level fields) where it records them, else from its index entry. The command as ``portable``
-    gives it."""
+    """Machine, threads, date, command and commit of a run: from its JSON (``provenance``, ``environment`` of
+    ``asr_spec eval``, or top-level fields) where it records them, else from its index entry. The command as
+    ``portable`` gives it; the commit abbreviated, "not recorded" where neither gives one."""
     records = [r for r in (doc.get("provenance"), doc.get("environment"), doc) if r] if isinstance(doc, dict) else []
     out = {}
     for field, keys in (("machine", ("machine", "cpu")), ("threads", ("threads",)), ("date", ("date",)),
@@ -335,6 +334,8 @@ def provenance(doc: dict | list, run: dict, renamed: dict[str, str] | None = Non
         if field == "machine" and record.get("gpu"):
             out[field] = f"{record['gpu']} GPU; host {out[field]}"
     out["command"] = portable(out["command"], renamed)
+    commit = next((r[k] for r in [*records, run] for k in ("git_commit", "commit") if r.get(k)), None)
+    out["commit"] = str(commit)[:7] if commit else "not recorded"
     return out
 
 
@@ -351,11 +352,11 @@ def machine_of(doc: dict, features: str = "") -> str:
 def summary(rows: list[dict], docs: dict[str, dict], stated: dict[str, dict[str, str]],
             link: Callable[[str], str]) -> list[str]:
     """The summary's table, one row per machine, each figure read from the runs the index names for it, and below it
-    each row's runs with date, command and JSON."""
+    each row's runs with date, commit, command and JSON. A row's runs must record their commit."""
     head = ["machine", "compute type", "decode speed-up vs target-only", "end-to-end speed-up vs target-only",
             "end-to-end speed-up vs faster-whisper int8", "WER % (faster-whisper int8)",
             "text identical to target-only",
-            "live speakers at real time (final latency median)", "date"]
+            "live speakers at real time (final latency median)", "commit", "date"]
     table, runs = [], []
     for row in rows:
         doc = docs[row["file"]]
@@ -364,6 +365,9 @@ def summary(rows: list[dict], docs: dict[str, dict], stated: dict[str, dict[str,
         if name not in systems or target not in systems:
             raise ResultsError(f"{row['file']}: the summary names systems {name!r} and {target!r}; the run has "
                                f"{', '.join(systems)}")
+        for f in (row["file"], row.get("live")):
+            if f and stated[f]["commit"] == "not recorded":
+                raise ResultsError(f"{f}: a summary row's run records no commit")
         s = systems[name]
         machine = machine_of(doc, row.get("features", ""))
         ctype = s.get("compute_type") or doc.get("options", {}).get("compute_type") or row.get("compute_type")
@@ -375,7 +379,8 @@ def summary(rows: list[dict], docs: dict[str, dict], stated: dict[str, dict[str,
         wer = num(s["wer"]) + (f" ({num(systems[peer]['wer'])})" if peer in systems else "")
         same = "—" if s["identical_to_target"] is None else f"{s['identical_to_target']}/{s['utterances']}"
         p = stated[row["file"]]
-        runs.append(f"- **{machine}**: files, {p['date'][:10]}: `{p['command']}` ({link(row['file'])})")
+        runs.append(f"- **{machine}**: files, {p['date'][:10]} ({p['commit']}): `{p['command']}` "
+                    f"({link(row['file'])})")
         live = "—"
         if row.get("live"):
             ldoc, lp = docs[row["live"]], stated[row["live"]]
@@ -387,10 +392,10 @@ def summary(rows: list[dict], docs: dict[str, dict], stated: dict[str, dict[str,
             most = max(at)
             live = "none" if n is None else (f"{'at least ' if n == most else ''}{n} "
                                              f"({num(at[n]['final_latency_median_s'])} s)")
-            runs[-1] += f"; live, {lp['date'][:10]}: `{lp['command']}` ({link(row['live'])})"
+            runs[-1] += f"; live, {lp['date'][:10]} ({lp['commit']}): `{lp['command']}` ({link(row['live'])})"
         table.append([machine, ctype, times(doc["speedup_vs_target"]["decode"].get(name)),
                       times(doc["speedup_vs_target"]["wall"].get(name)), times(vs_peer), wer, same, live,
-                      p["date"][:10]])
+                      p["commit"], p["date"][:10]])
     return [md_table(head, table), "", *runs]
 
 
@@ -428,61 +433,40 @@ def build(index: Path, out: Path) -> list[Path]:
 
     lines = ["# Results", "",
              f"Generated by `python eval/results_page.py` from the JSON that {link(index)} lists; edit the index and "
-             "rerun, not this page. Each table gives the machine, date and command of its run.", ""]
+             "rerun, not this page. Each table gives the machine, date, commit and command of its run."
+             + (f" Older runs: {link(base / 'README.md')}." if (base / "README.md").is_file() else ""), ""]
     written = [out]
     if "summary" in spec:
         lines += ['<a id="summary"></a>', "", f"## {spec['summary'].get('title', 'Summary')}", "",
                   spec["summary"]["note"], "", *summary(rows, docs, stated, link), ""]
     titled = [topic for topic in topics if topic.get("title")]
-    lines += ["On this page, by topic:", ""] if titled else []
-    for topic in topics:
-        indent = ""
-        if topic.get("title"):
-            lines.append(f"- [{topic['title']}](#{topic['id']})")
-            indent = "  "
-        lines += [f"{indent}- [{section['title']}](#{section['id']})" for section in topic["sections"]]
-    lines += ["- [Lab notebook: older runs](#lab-notebook)", "", spec.get("intro", ""), ""]
+    if titled:
+        lines += ["On this page:", "", *(f"- [{topic['title']}](#{topic['id']})" for topic in titled), ""]
+    lines += [spec["intro"], ""] if spec.get("intro") else []
     for topic in topics:
         if topic.get("title"):
             lines += [f'<a id="{topic["id"]}"></a>', "", f"## {topic['title']}", ""]
             lines += [topic["note"], ""] if topic.get("note") else []
         for section in topic["sections"]:
             table, plot = KINDS[section["kind"]]
-            lines += [f'<a id="{section["id"]}"></a>', "", f"### {section['title']}", "", section["note"], ""]
+            if section.get("title"):  # a topic of several sections
+                lines += [f'<a id="{section["id"]}"></a>', "", f"### {section['title']}", ""]
+            lines += [section["note"], ""] if section.get("note") else []
             for run in section["runs"]:
                 path = base / run["file"]
                 doc, p = docs[run["file"]], stated[run["file"]]
                 if isinstance(doc, dict):  # the index's "fields": what the JSON does not record
                     doc = run.get("fields", {}) | doc
                 lines += [f"#### {run['label']}", "", f"- Machine: {p['machine']}; threads: {p['threads']}",
-                          f"- Date: {p['date']}", f"- Command: `{p['command']}`", f"- JSON: {link(path)}", "",
-                          table(doc), ""]
+                          f"- Date: {p['date']}", f"- Commit: {p['commit']}", f"- Command: `{p['command']}`",
+                          f"- JSON: {link(path)}", "", table(doc), ""]
                 if plot is not None:
                     png = plots / ("-".join(Path(run["file"]).with_suffix("").parts).removesuffix("-results") + ".png")
                     save(plot(doc, run["label"]), png)
                     written.append(png)
-                    lines += [f"![{section['title']}: {run['label']}]({rel(png)})", ""]
-    lines += notebook(base, index, set(listed), link)
+                    lines += [f"![{topic.get('title') or section.get('title', '')}: {run['label']}]({rel(png)})", ""]
     out.write_text("\n".join(lines))
     return written
-
-
-def notebook(base: Path, index: Path, listed: set[Path], link: Callable[..., str]) -> list[str]:
-    """The runs the page does not show, per results folder, beside the READMEs that say what they answered."""
-    older = sorted(p for p in base.rglob("*.json") if p != index and p not in listed)
-    folders: dict[Path, list[Path]] = {}
-    for p in older:
-        folders.setdefault(base / p.relative_to(base).parts[0] if p.parent != base else base, []).append(p)
-    lines = ['<a id="lab-notebook"></a>', "", "## Lab notebook: older runs", "",
-             "Runs the page does not show: replaced by newer runs, A/B runs and before/after pairs whose outcome the "
-             "sections above state, or measuring what the code no longer does; kept as they were saved. A folder's "
-             "README says what its runs answered.", ""]
-    for folder, files in folders.items():
-        readmes = sorted(folder.rglob("README.md")) if folder != base else []
-        about = f" ({', '.join(link(r, str(r.relative_to(folder))) for r in readmes)})" if readmes else ""
-        names = ", ".join(link(f, str(f.relative_to(folder))) for f in files)
-        lines.append(f"- {link(folder)}{about}: {names}")
-    return [*lines, ""]
 
 
 def main() -> None:

@@ -1,11 +1,14 @@
 """eval/results_page.py: the same JSON gives the same page and plots, the page opens with a summary whose figures come
-from the JSON, every table says where, when and how it was measured, sections are named by topic, a listed JSON that
-is missing is a clear error, and no doc carries the absolute paths of the machine that ran a command."""
+from the JSON (the current code with the shipped draft, each row with its commit), every table says where, when, at
+which commit and how it was measured, sections are named by topic, the page stays short and eval/results small, a
+listed JSON that is missing is a clear error, and no doc nor results file carries the absolute paths of the machine
+that ran a command."""
 from __future__ import annotations
 
 import importlib.util
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +20,11 @@ INDEX = ROOT / "eval" / "results" / "index.json"
 SCRIPT = ROOT / "eval" / "results_page.py"
 PAGE = ROOT / "docs" / "results.md"
 # absolute paths of a machine (temporary, checkout, home folders), not of a URL or a relative path
-MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:tmp|work|root|home|private/var)/")
+MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:tmp|work|root|home|private/var|Users|var/folders)/")
+# what a command on the page must not hold: a folder or draft named by a placeholder, not by a path one can run
+PLACEHOLDER = re.compile(r"(?<![\w./=-])(?:OUT|WORK|GPU_DATA|GPU_OUT|SHIPPED|DRAFT(?:-[\w.]+)?)(?![\w.-]*=)\b")
+MAX_PAGE_LINES = 400
+MAX_RESULTS_FILES = 200
 
 pytest.importorskip("matplotlib")
 
@@ -72,10 +79,10 @@ def test_every_table_states_machine_date_and_command(pages):
     for block in blocks:
         assert "\n| --- |" in block, block[:80]
         head = block.split("\n| ")[0]
-        for field in ("- Machine: ", "- Date: ", "- Command: `", "- JSON: "):
+        for field in ("- Machine: ", "- Date: ", "- Commit: ", "- Command: `", "- JSON: "):
             assert field in head, (field, block[:80])
-    # outside the per-run blocks the only table is the summary's, whose rows give their dates and, below it, each
-    # machine's commands and JSON
+    # outside the per-run blocks the only table is the summary's, whose rows give their commits and dates and, below
+    # it, each machine's commands and JSON
     before = re.split(r"^#### ", text, flags=re.M)[0]
     summary = summary_part(text)
     assert before.count("\n| --- |") == summary.count("\n| --- |") == 1
@@ -84,21 +91,30 @@ def test_every_table_states_machine_date_and_command(pages):
     assert len(table) == len(bullets) == len(summary_rows())
     for row, bullet in zip(table, bullets):
         machine, date = row.split(" | ")[0].removeprefix("| "), row.split(" | ")[-1].removesuffix(" |")
+        commit = row.split(" | ")[-2]
         assert re.fullmatch(r"\d{4}-\d\d-\d\d", date), row
-        assert bullet.startswith(f"- **{machine}**: files, {date}: `") and "(../eval/results/" in bullet, bullet
+        assert re.fullmatch(r"[0-9a-f]{7}", commit), row
+        assert bullet.startswith(f"- **{machine}**: files, {date} ({commit}): `") and "(../eval/results/" in bullet, \
+            bullet
 
 
 @pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
-def test_only_listed_runs_are_on_the_page_and_the_rest_is_in_the_notebook(pages):
+def test_only_listed_runs_are_on_the_page_and_the_rest_is_named_by_a_readme(pages):
+    """The page links the runs the index lists and no other; it keeps no lab notebook of older runs. A JSON kept in
+    eval/results that the page does not show is named by the README of its folder or of a folder above it."""
     text = pages[0][0].read_text()
     listed = {r["file"] for r in index_runs()} | {f for r in summary_rows() for f in (r["file"], r.get("live")) if f}
-    on_page, older = text.split("## Lab notebook")
-    for f in listed:
-        assert f"(../eval/results/{f})" in on_page and f"(../eval/results/{f})" not in older, f
+    assert "notebook" not in text.lower()
+    linked = set(re.findall(r"\]\(\.\./eval/results/([^)]+\.json)\)", text))
+    assert linked - {"index.json"} == listed, sorted((linked - {"index.json"}) ^ listed)
     for p in INDEX.parent.rglob("*.json"):
         rel = str(p.relative_to(INDEX.parent))
-        if p != INDEX and rel not in listed:
-            assert f"(../eval/results/{rel})" in older, rel
+        if p == INDEX or rel in listed:
+            continue
+        readmes = [d / "README.md" for d in (p.parent, *p.parent.parents) if d.is_relative_to(INDEX.parent)]
+        names = {r: {str(p.relative_to(r.parent))} | ({f"{p.parent.relative_to(r.parent)}/"} if p.parent != r.parent
+                                                       else set()) for r in readmes if r.is_file()}
+        assert any(name in r.read_text() for r in names for name in names[r]), rel
 
 
 @pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
@@ -109,6 +125,62 @@ def test_the_page_opens_with_the_summary(pages):
         lines = text.splitlines()
         first = next(i for i, line in enumerate(lines) if line.startswith("## "))
         assert lines[first] == "## Summary" and first < 40, (first, lines[first])
+
+
+@pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
+def test_the_page_is_short_with_one_table_a_topic(pages):
+    """A page a user reads: at most MAX_PAGE_LINES lines, one current table per topic (its newest run), notes of a few
+    sentences, no issue numbers in the text."""
+    for text in (pages[0][0].read_text(), PAGE.read_text()):
+        assert len(text.splitlines()) <= MAX_PAGE_LINES, len(text.splitlines())
+        for topic in re.split(r"^## ", text, flags=re.M)[2:]:  # after the summary
+            assert topic.count("\n| --- |") == 1 and topic.count("\n#### ") == 1, topic[:80]
+        prose = [line for line in text.splitlines() if line and line[0].isalpha()]
+        assert max(len(line) for line in prose) < 700, max(prose, key=len)[:120]
+        assert not re.search(r"\bissues? \d|#\d\d\b", text, flags=re.I)
+
+
+def test_the_summary_is_the_current_code_with_the_shipped_draft():
+    """Each summary row's runs record their commit, and its files run used the shipped draft (``--draft auto``)."""
+    for row in summary_rows():
+        doc = json.loads((INDEX.parent / row["file"]).read_text())
+        assert doc["options"]["draft"] == "auto", row["file"]
+        for f in (row["file"], row.get("live")):
+            if f:
+                d = json.loads((INDEX.parent / f).read_text())
+                assert re.fullmatch(r"[0-9a-f]{40}", (d.get("environment") or d.get("provenance"))["git_commit"]), f
+
+
+@pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
+def test_commands_on_the_page_can_be_run(pages):
+    """Every command the page shows names real paths, not placeholders; `asr_spec eval` commands parse with today's
+    options (no removed option), and a script they run exists."""
+    from asr_spec.cli import build_parser
+
+    text = pages[0][0].read_text()
+    commands = re.findall(r"^- Command: `(.+)`$", text, flags=re.M) + re.findall(r": `([^`]+)` \(\[", text)
+    assert len(commands) >= len(index_runs())
+    parser = build_parser("eval")
+    for command in commands:
+        assert not PLACEHOLDER.search(command), command
+        assert not MACHINE_PATH.search(command), command
+        words = shlex.split(command)
+        while words and "=" in words[0]:  # environment variables
+            words.pop(0)
+        if words[:3] == ["python", "-m", "asr_spec"]:
+            words = ["asr_spec", *words[3:]]
+        if words[:2] == ["asr_spec", "eval"]:
+            parser.parse_args(words[1:])  # exits on an option that no longer exists
+        elif words[0] == "python":
+            assert (ROOT / words[1]).is_file(), command
+
+
+def test_the_results_folder_is_small():
+    """eval/results holds the page's runs and the few others their READMEs name: at most MAX_RESULTS_FILES files, no
+    plot (the page draws its own) and no per-run report.md copy."""
+    files = [p for p in INDEX.parent.rglob("*") if p.is_file()]
+    assert len(files) <= MAX_RESULTS_FILES, len(files)
+    assert not [p for p in files if p.suffix == ".png" or p.name == "report.md"]
 
 
 @pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
@@ -137,8 +209,9 @@ def test_the_summary_quotes_its_runs(pages):
                 assert re.fullmatch(rf"(at least )?{n} \({latency:.2f} s\)", cells[7]), (row["live"], cells)
         else:
             assert cells[7] == "—"
-        date = (doc.get("environment") or doc.get("provenance"))["date"][:10]
-        assert cells[8] == date, (row["file"], cells)
+        recorded = doc.get("environment") or doc.get("provenance")
+        assert cells[8] == recorded["git_commit"][:7], (row["file"], cells)
+        assert cells[9] == recorded["date"][:10], (row["file"], cells)
 
 
 @pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
@@ -157,11 +230,14 @@ def test_the_committed_page_is_the_generated_one(pages):
 
 
 def test_no_doc_names_an_absolute_machine_path():
-    """Commands in the docs, the README and the results page read the same on any machine: no temporary, checkout or
-    home folder of the machine that ran them."""
+    """Commands in the docs, the README, the results page and every file under eval/results (the JSON's environment
+    and command fields, the READMEs) read the same on any machine: no temporary, checkout or home folder of the
+    machine that ran them."""
     docs = sorted({*ROOT.glob("docs/*.md"), *ROOT.glob("docs/**/*.md")}) + [ROOT / "README.md"]
-    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()[:120]}" for p in docs
-             for n, line in enumerate(p.read_text().splitlines(), 1) if MACHINE_PATH.search(line)]
+    results = sorted(p for p in INDEX.parent.rglob("*") if p.is_file())
+    assert results and INDEX in results
+    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()[:120]}" for p in docs + results
+             for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if MACHINE_PATH.search(line)]
     assert not found, "absolute machine paths:\n" + "\n".join(found)
 
 
@@ -171,14 +247,14 @@ def test_commands_are_shown_without_the_machines_paths():
                "eval/experiments/ray_dev.py": "eval/experiments/ray_dev.py"}
     cases = {
         "python -m asr_spec eval --manifest /work/shared/data/dev/manifest.jsonl --out /work/bar/auto":
-            "python -m asr_spec eval --manifest ../shared/data/dev/manifest.jsonl --out OUT/auto",
+            "python -m asr_spec eval --manifest ../shared/data/dev/manifest.jsonl --out eval/out/auto",
         "python /work/main/eval/pass_budget.py --out /work/bench-join/budget-now1.json":
-            "python eval/pass_budget.py --out OUT/budget-now1.json",
+            "python eval/pass_budget.py --out eval/out/budget-now1.json",
         "python -m asr_spec eval --manifest /tmp/gpu/dev/manifest.jsonl --out /tmp/tmp.n6ZIY7wLJi/eval-auto":
-            "python -m asr_spec eval --manifest GPU_DATA/dev/manifest.jsonl --out OUT/eval-auto",
-        "python eval/bench_streaming.py --out /root/out/gpu": "python eval/bench_streaming.py --out OUT/gpu",
+            "python -m asr_spec eval --manifest ../shared/data/dev/manifest.jsonl --out eval/out/eval-auto",
+        "python eval/bench_streaming.py --out /root/out/gpu": "python eval/bench_streaming.py --out eval/out/gpu",
         "x --dev /home/someone/src/asr_spec/../shared/data/dev --out /private/var/folders/ab/T/run/":
-            "x --dev ../shared/data/dev --out OUT/run",
+            "x --dev ../shared/data/dev --out eval/out/run",
         "asr_spec eval --out eval/results/issue39/auto": "asr_spec eval --out eval/results/auto-and-float32/auto",
         "python eval/experiments/ray_dev.py --out eval/results/ray": "python eval/experiments/ray_dev.py --out eval/results/ray",
         "asr_spec eval --manifest ../shared/data/dev/manifest.jsonl --out eval/out/dev":
@@ -187,6 +263,7 @@ def test_commands_are_shown_without_the_machines_paths():
     for command, shown in cases.items():
         assert portable(command, renamed) == shown, command
         assert not MACHINE_PATH.search(portable(command, renamed))
+        assert not PLACEHOLDER.search(portable(command, renamed))
 
 
 @pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
@@ -215,18 +292,20 @@ def test_a_run_without_provenance_is_an_error(tmp_path):
 
 
 def test_values_recorded_in_the_json_win_over_the_index(tmp_path):
-    doc = json.loads((INDEX.parent / "compute-types" / "dev" / "results.json").read_text())
+    doc = json.loads((INDEX.parent / "avx2-current" / "bar-auto" / "results.json").read_text())
     doc["environment"].update(machine="Some CPU", cores=4, threads=3, date="2030-01-02T03:04:05+00:00",
-                              command="asr_spec eval --recorded")
+                              command="asr_spec eval --recorded", git_commit="0123456789abcdef")
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "results.json").write_text(json.dumps(doc))
     index = tmp_path / "index.json"
     index.write_text(json.dumps({"sections": [{"id": "x", "title": "X", "kind": "eval", "note": "", "runs": [
-        {"file": "run/results.json", "label": "X", "machine": "other", "date": "other", "command": "other"}]}]}))
+        {"file": "run/results.json", "label": "X", "machine": "other", "date": "other", "command": "other",
+         "commit": "other"}]}]}))
     load_script().build(index, tmp_path / "out.md")
     text = (tmp_path / "out.md").read_text()
     assert "- Machine: Some CPU (4 cores); threads: 3\n- Date: 2030-01-02T03:04:05+00:00\n" in text
     assert "- Command: `asr_spec eval --recorded`" in text and ": other" not in text
+    assert "- Commit: 0123456\n" in text
 
 
 def test_provenance_names_machine_date_and_command(monkeypatch):
