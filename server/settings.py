@@ -136,7 +136,7 @@ class ServeSettings(BaseSettings):
         holds the process's only OpenMP pool (asr_spec/threads.py), so its threads no longer sleep between operators
         and a second one pays: 2-core Xeon with AMX, `python eval/bench_streaming.py --skip-wer --threads
         1|2`: 4 sessions final latency median 2.25-2.39 s with 1 thread against 1.69 s with 2, 8 sessions 4.05-4.22
-        against 3.00-3.13 s (eval/results/one-pool). Before that fix one thread fewer than the cores measured
+        against 3.00-3.13 s. Before that fix one thread fewer than the cores measured
         faster."""
         if self.threads or self.cuda:
             return self.threads
@@ -151,7 +151,7 @@ class ServeSettings(BaseSettings):
         """encoder_window, else full on CUDA and stream on a CPU. On a GPU the streaming encoder's arithmetic is
         nothing, its host work per stream everything: it attends each buffer on its own (~280 torch operations per
         stream and step, eval/experiments/profile_stream.py --ops), where full windows take one encoder call for every stream
-        (~20): on an H200, 64 streams' ticks spent most of their time issuing them (eval/results/gpu-h200-attention).
+        (~20): on an H200, 64 streams' ticks spent most of their time issuing them.
         On a CPU the arithmetic is what counts: a 30 s window is ~5x the streaming encoder's tail."""
         if self.encoder_window != "auto":
             return self.encoder_window

@@ -108,7 +108,7 @@ def test_a_static_decode_takes_rows_only_into_free_slots_of_its_shape(tiny_targe
     arena is free for other decodes once the decode is closed."""
     v = tiny_target.vocab
     monkeypatch.setenv("ASR_SPEC_STATIC", "on")
-    static._ARENAS.clear()
+    static.forget_arenas()
     o = DecodeOptions(LogitRules.whisper(v, True), v.eot, v.no_speech, k=3, static=True)
     decoders = Decoders(tiny_target.decoder, draft.decoder)
     task = open_decode(decoders, _batch([0, 1], False), _requests(v, [0, 1]), o, room=4)

@@ -87,8 +87,8 @@ def test_a_transcription_never_imports_transformers(tiny_dir):
 
 def test_the_encoder_layers_read_their_input_in_rows(tiny_target):
     """The convolutions' output is permuted to [B, T, D]; summed with the positions it is made contiguous once, so no
-    layer works on a strided layout (which copied at every layer norm: 6-14 % of an encoder on a CPU,
-    eval/results/encoder-rows). The bits are the same (test_models.py: transformers', bit for bit)."""
+    layer works on a strided layout (which copied at every layer norm: 6-14 % of an encoder on a CPU).
+    The bits are the same (test_models.py: transformers', bit for bit)."""
     encoder = tiny_target.net.model.encoder
     seen: list[bool] = []
     hooks = [layer.register_forward_pre_hook(lambda _m, args: seen.append(args[0].is_contiguous()))

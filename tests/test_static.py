@@ -73,12 +73,12 @@ def test_a_static_decode_gives_every_row_the_eager_loops_bits(tiny_target, draft
 def test_batch_8_equals_batch_1_and_the_arena_is_reused_and_grows(tiny_target, draft):
     """Each row alone (an arena of one slot) and inside batches of 2..8 in any order: the same bits. Decodes of one
     shape reuse their arena; a bigger batch gets a bigger one."""
-    static._ARENAS.clear()
+    static.forget_arenas()
     alone = {r: _run(StaticDecodingTask, tiny_target, draft, [r], 3)[0][0] for r in range(8)}
-    first = next(iter(static._ARENAS[tiny_target.decoder].values()))
+    first = next(iter(static.arenas(tiny_target.decoder).values()))
     assert first.size == 1
     _run(StaticDecodingTask, tiny_target, draft, [5], 3)
-    assert next(iter(static._ARENAS[tiny_target.decoder].values())) is first  # reused
+    assert next(iter(static.arenas(tiny_target.decoder).values())) is first  # reused
     largest, arenas = 1, {first.size: first}
     for company in ([7, 2], [0, 1, 2, 3, 4, 5, 6, 7], [6, 3, 1], [7, 6, 5, 4, 3, 2, 1]):
         got, task = _run(StaticDecodingTask, tiny_target, draft, company, 3)
@@ -153,7 +153,7 @@ def test_an_earlier_decodes_idle_slots_never_break_a_later_one(tiny_target, draf
     """Slots left by a decode of long prompts (their no-speech read far in, their lengths long) idle in a later
     decode of short ones whose bucket covers them: its rows still get the eager loop's bits."""
     v = tiny_target.vocab
-    static._ARENAS.clear()
+    static.forget_arenas()
     long_prompt = [50361] + list(range(100, 140)) + [50258, 50259, 50359]
     mem = _memory()
     d = Decoders(tiny_target.decoder, draft.decoder)

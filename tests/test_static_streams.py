@@ -57,7 +57,7 @@ def _bits(results):
 def test_padded_rows_get_the_same_bits_static_and_eager_alone_and_in_company(tiny_target, draft, k):
     """8 streams of other buffer lengths: the arena's bits are the eager loop's (a padded decode attends as the arena
     does), and each row's are its bits alone (a batch of one, the same width)."""
-    static._ARENAS.clear()
+    static.forget_arenas()
     rows = list(range(8))
     arena = _bits(_decode(StaticDecodingTask, tiny_target, draft, rows, k))
     assert arena == _bits(_decode(DecodingTask, tiny_target, draft, rows, k))
@@ -70,7 +70,7 @@ def test_padded_rows_get_the_same_bits_static_and_eager_alone_and_in_company(tin
 def test_speculative_equals_target_only_and_hints_are_used_without_changing_the_text(tiny_target, draft):
     """Static and padded: the draft's proposals (K = 3) give the target's own tokens (K = 0); rows whose hint is
     their last text, half of it, or wrong get the same tokens, and a right hint is accepted (fewer passes)."""
-    static._ARENAS.clear()
+    static.forget_arenas()
     rows = list(range(8))
     plain = _decode(StaticDecodingTask, tiny_target, draft, rows, 3)
     assert [r.tokens for r in plain] == [r.tokens for r in _decode(StaticDecodingTask, tiny_target, draft, rows, 0)]

@@ -61,11 +61,6 @@ class RuleState:
         """Only ``rows`` (batch compaction)."""
         return RuleState(*(t.index_select(0, rows) for t in (self.count, self.last, self.penult, self.stamp)))
 
-    def cat(self, other: "RuleState") -> "RuleState":
-        """These rows, then ``other``'s (rows joining a decode)."""
-        return RuleState(*(torch.cat([a, b]) for a, b in zip((self.count, self.last, self.penult, self.stamp),
-                                                              (other.count, other.last, other.penult, other.stamp))))
-
     def take(self, at: torch.Tensor) -> "RuleState":
         """Row i's state at position ``at[i]`` of states [m, L + 1] (the state after a pass's accepted tokens)."""
         pick = lambda t: t.gather(1, at[:, None])[:, 0]  # noqa: E731

@@ -46,6 +46,16 @@ _LOOKUP = threading.Lock()
 _RUNS = [0]  # passes and prefills every arena has run (replayed as one CUDA graph each on CUDA)
 _INSIDE = threading.local()  # ``.depth`` > 0 while this thread runs an arena's pass or prefill
 _OPENED = {"static": 0, "eager": 0}  # decodes that asked to be static (``DecodeOptions.static``), by how they ran
+
+
+def arenas(decoder) -> dict:
+    """The arenas kept for a target decoder (key -> :class:`Arena`; empty when none)."""
+    return _ARENAS.get(decoder, {})
+
+
+def forget_arenas() -> None:
+    """Drop every kept arena (the next static decode builds its own)."""
+    _ARENAS.clear()
 CATCH_UP = 2  # tokens the draft feeds before proposing in a static pass: at most two are new after any pass
 
 

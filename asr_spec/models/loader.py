@@ -366,7 +366,7 @@ def load_distilled(path: Path, target: Whisper,
     draft.proj_out.weight = nn.Parameter(full, requires_grad=False)
     # the words outside the shortlist are scored on CUDA only: on a CPU their product (~40,000 rows, 0.9-1.8 ms a
     # draft step at int8) cost what the passes it saved gain (AVX2 EPYC, float32: 2.4 % fewer target passes, decode
-    # 2-3 % slower at batch 1 and 8; eval/results/avx2-current/outside-shortlist); in a CUDA graph it is one small
+    # 2-3 % slower at batch 1 and 8); in a CUDA graph it is one small
     # product
     rest = outside(target, head_ids) if target.decoder.device.type == "cuda" else None
     return Draft(decoder(dec, head, head_ids, rest_ids=rest), None, str(path), draft)

@@ -72,7 +72,7 @@ def blocked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     the type; a block's numbers stay in cache). A row whose exponentials' sum is out of range (an overflow, or all
     of them vanishing) is computed again the usual way (:func:`_softmax_block`). With bfloat16 on an AVX512-BF16
     CPU (AMD EPYC, 2 threads) a whisper-base encoder layer's attention takes 8.1-8.5 ms against 24-25 with the
-    fused kernel (11.8 with PyTorch's softmax in these blocks; eval/results/bfloat16-attention); its output is
+    fused kernel (11.8 with PyTorch's softmax in these blocks); its output is
     within bfloat16's rounding of float32's. Each row's result depends on its own inputs only, as the fused
     kernel's."""
     kt = k.transpose(-1, -2)

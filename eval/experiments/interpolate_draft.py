@@ -2,7 +2,7 @@
 tensor ``weight * trained + (1 - weight) * initial``, the initial ones the target's layers the draft was made from
 (its card's ``layers_from``), the target's final layer norm and the target's embedding rows of its shortlist (Whisper
 ties its output layer to them). A draft that has learnt its few hours of training speech by heart agrees more on
-speech it has not heard (eval/results/draft-interpolated). Writes the draft format, its card with a line saying so.
+speech it has not heard. Writes the draft format, its card with a line saying so.
 
     python eval/experiments/interpolate_draft.py DRAFT --weight 0.7 --out OUT
 """

@@ -92,7 +92,7 @@ def main() -> None:
             passes, tokens = passes + r.stats.target_passes, tokens + len(r.tokens)
         sync(device)
         decode_ms = (time.perf_counter() - t0) * 1000
-        arena = next(a for a in static._ARENAS[target.decoder].values() if a.k == k)
+        arena = next(a for a in static.arenas(target.decoder).values() if a.k == k)
         arena.m.fill_(0)  # no live row: a pass changes nothing, costs what a pass costs
         graph = arena.graphs.get((1,))
         replay = (lambda: graph.replay()) if graph is not None else (lambda: arena._pass(1))  # noqa: E731
