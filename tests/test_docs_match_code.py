@@ -172,7 +172,7 @@ def items(text: str) -> list[tuple[int, str, frozenset[str], list[str] | None]]:
 def claims(text: str, name: str) -> list[Claim]:
     """Every default ``text`` states for an option: "`--opt X` (default Y)" and its kin (the first value after the
     word default, up to the next option named), "`--opt Y`, the default", and table rows under a "default" column."""
-    page = frozenset(PAGE_COMMANDS.get(name, ()))
+    page = frozenset(PAGE_COMMANDS.get(Path(name).name, ()))
     found = []
     for line, item, heading, header in items(text):
         item = item.replace("**", "")
@@ -233,7 +233,7 @@ def mismatches(found: list[Claim], defaults: dict[str, dict[str, set]]) -> list[
 
 
 def doc_claims() -> list[Claim]:
-    return [c for p in DOCS for c in claims(p.read_text(), p.name)]
+    return [c for p in DOCS for c in claims(p.read_text(), str(p.relative_to(ROOT)))]
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +250,7 @@ def test_every_documented_default_is_the_codes(defaults):
 
 def test_the_readme_states_the_key_defaults():
     """The manual gives each command's main defaults where a reader looks for them."""
-    stated = {(cmd, c.option) for c in claims(README.read_text(), README.name) for cmd in c.commands}
+    stated = {(cmd, c.option) for c in claims(README.read_text(), "README.md") for cmd in c.commands}
     wanted = {("transcribe", "--k"), ("transcribe", "--draft-stop"), ("transcribe", "--compute-type"),
               ("transcribe", "--batch-size"), ("transcribe", "--beam-size"), ("transcribe", "--encoder-window"),
               ("serve", "--compute-type"), ("serve", "--step"), ("serve", "--max-step"), ("serve", "--commit-policy"),
