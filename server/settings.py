@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args, get_origin
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -196,10 +196,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             kw.update(nargs="?", const="local", metavar="ADDRESS")
         elif name == "compute_type":
             kw.update(choices=COMPUTE_TYPES, metavar="TYPE")
-        elif name == "commit_policy":
-            kw["choices"] = POLICIES
-        elif name == "alignment":
-            kw["choices"] = ("pass", "decode")
+        elif get_origin(field.annotation) is Literal:
+            kw["choices"] = get_args(field.annotation)
         else:
             kw["type"] = field.annotation if field.annotation in (int, float) else str
         parser.add_argument(flag, **kw)

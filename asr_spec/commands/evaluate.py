@@ -19,7 +19,7 @@ class EvalSettings:
     manifest: str = option(help='JSON lines of {"id", "audio", "text"} (audio relative to the file)')
     limit: int = option(0, "first N utterances only")
     systems: str = option("target,spec,draft,hf,hf-assisted,faster-whisper", (
-        "comma list of target, spec (the default: K drafts where drafting pays, see --speculation), spec-fixed (the same), spec-adaptive (each pass "
+        "comma list (default %(default)s) of target, spec (K drafts where drafting pays, see --speculation), spec-fixed (the same), spec-adaptive (each pass "
         "drafts the K measured to pay most), spec-chunked (--chunked), spec-fp32draft (the draft in float32 where spec "
         "runs it in int8), spec-fullview (the draft reads the whole 30 s window, not only the audio's frames), "
         "spec-sample, target-sample (sampling without the draft, same seeds), draft, hf, hf-assisted, faster-whisper, "

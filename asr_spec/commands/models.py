@@ -32,7 +32,7 @@ class ModelSettings:
     no_draft: bool = option(False, "target-only decoding (the baseline)")
     torch_device: str = option("cpu", "torch device (cpu, cuda, ...)", flag="--device")
     compute_type: Literal[COMPUTE_TYPES] = option("float32", COMPUTE_HELP, metavar="TYPE")
-    threads: int = option(0, "torch CPU threads (default: torch's choice; with --ray: per worker, default 1)")
+    threads: int = option(0, "torch CPU threads (default: torch's choice; transcribe --ray: per worker, default 1)")
     speculation: Literal[SPECULATION] = option("auto", SPECULATION_HELP)
 
     def options(self) -> ModelOptions:

@@ -61,10 +61,11 @@ class TranscribeSettings:
     patience: float = option(1.0, "beam search: finished candidates collected, in beams (openai-whisper's --patience)")
     length_penalty: float | None = option(None, "beam search: rank candidates by log-probability over "
                                           "((5 + length) / 6) ** this (default: over the length, as openai-whisper)")
-    window_padding: Literal["audio", "mel"] = option("audio", "what follows a window's audio when it holds less than 30 s: audio (the log-mel of silence: openai-whisper's decode() on padded audio, default) or mel (zeros after the audio's frames: openai-whisper's transcribe() and faster-whisper); changes the text slightly (README)")
+    window_padding: Literal["audio", "mel"] = option("audio", "what follows a window's audio when it holds less than 30 s: audio (the log-mel of silence: openai-whisper's decode() on padded audio, default) or mel (zeros after the audio's frames: openai-whisper's transcribe() and faster-whisper); changes the text slightly (docs/how-it-works.md)")
     encoder_window: Literal["full", "audio"] = option(
         "full", "full: Whisper's padded 30 s encoder window (exact Whisper, default); audio: encode only the window's "
-        "audio rounded up to 1 s (faster on short files; slightly different text, see README)")
+        "audio and 2 s of silence, rounded up to whole seconds (faster on short files; slightly different text, see "
+        "docs/how-it-works.md)")
 
     def inputs(self) -> list[Path]:
         return [Path(f) for f in self.files] + ([SAMPLE] if self.sample else [])
@@ -84,7 +85,7 @@ class TranscribeSettings:
     def batch(self) -> int:
         """--batch-size, else the files decoded together by default: on a CPU a batch of 8 windows decodes in about
         half the time of 8 one by one (cross-attention over each window's 1500 encoder frames grows with the batch:
-        README "Many files at once"); an accelerator takes more."""
+        docs/how-it-works.md); an accelerator takes more."""
         return self.batch_size or (16 if self.models.torch_device.startswith("cuda") else 8)
 
     def options(self) -> TranscribeOptions:

@@ -37,7 +37,7 @@ class AlignAtt:
     margin_s: float = 0.3
     # a word the target gives less than this waits until it ends ``unsure_margin_s`` before the decoded audio: Whisper's
     # early mistakes ("their" for "there") are such words, which more audio after them corrects (dev WER 8.39 % without
-    # the rule, 7.53 % at 0.7, 7.18 % at 0.8 or 0.9; offline 6.92 %; docs/how-it-works.md)
+    # the rule, 7.53 % at 0.7, 7.18 % at 0.8 or 0.9; offline 6.92 %)
     min_probability: float = 0.8
     # with 3 s, 4 speakers' final median was 1.45-1.54 s against 1.23-1.34 s (p90 3.43 against 2.50-2.57 s), the same
     # dev WER, long-form 0.53 against 0.71 % off the offline text
