@@ -41,6 +41,7 @@ from asr_spec.evaluation.streaming import (
     word_latencies,
 )
 from asr_spec.models.loader import ModelOptions, load
+from asr_spec.streaming.config import StreamConfig
 from asr_spec.streaming.policy import policy_named
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
@@ -114,8 +115,8 @@ def realtime(url: str, data: bytes, log: Log, t0: float) -> None:
 def run(protocol: str, target, draft, audios: list[np.ndarray], step: float) -> dict:
     """N sessions of one protocol on a fresh server: their logs, engine busy time, wall time."""
     engine = serve_engine(target, draft, SERVE)
-    config = ServerConfig(port=0, max_sessions=len(audios) + 1, max_sessions_per_client=len(audios) + 1, step_s=step,
-                          commit_policy=policy_named(SERVE.commit_policy))
+    config = ServerConfig(port=0, max_sessions=len(audios) + 1, max_sessions_per_client=len(audios) + 1,
+                          stream=StreamConfig(step_s=step, policy=policy_named(SERVE.commit_policy)))
     with server_around(engine, config) as server:
         logs: list[Log] = [[] for _ in audios]
         t0 = time.monotonic()

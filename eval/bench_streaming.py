@@ -110,7 +110,8 @@ def streaming_wer(tr: Transcriber, ds: DataSet, step: float, policy: CommitPolic
 def capacity(tr: Transcriber, engine: Engine, dev: DataSet, n: int, seconds: float, step: float,
              policy: CommitPolicy) -> dict:
     """One row: ``n`` real-time WebSocket sessions on a server around ``engine`` (a fresh one, as serve builds it)."""
-    config = ServerConfig(port=0, max_sessions=n + 1, max_sessions_per_client=n + 1, step_s=step, commit_policy=policy)
+    config = ServerConfig(port=0, max_sessions=n + 1, max_sessions_per_client=n + 1,
+                          stream=StreamConfig(step_s=step, policy=policy))
     sessions = [dev.session(seconds, 7 * i) for i in range(n)]
     audios = [s.audio for s in sessions]
     with server_around(engine, config) as server:

@@ -134,7 +134,7 @@ class Server:
         n, limit = len(self.connections), self.config.max_load
         if limit is None or not n:
             return None
-        step = self.engine.config.max_step_s or self.config.step_s
+        step = self.engine.config.max_step_s or self.config.stream.step_s
         if (carried := self.engine.carried(step, limit)) is None or n + 1 <= carried:
             return None
         return (f"full: the engine carries about {carried} real-time sessions (re-decoded every {step:g} s, busy at "

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asr_spec.streaming.config import StreamConfig
-from asr_spec.streaming.policy import CommitPolicy
 
 KEY_ENV = "ASR_SPEC_API_KEY"
 
@@ -34,9 +33,9 @@ class ServerConfig:
     # keepalive pings (for proxies and NAT); pongs are not awaited: a backpressured client's pong waits behind its
     # unread audio for as long as decoding takes, and the idle timeout finds a dead peer
     ping_interval_s: float = 20.0
-    step_s: float = StreamConfig.step_s
-    commit_policy: CommitPolicy = StreamConfig.policy  # a session's start message may choose the other one
-    hotwords: str = ""  # sessions' hotwords where their start message names none
+    # every session's stream as the server sets it (step, commit policy, hotwords), replaced by what the session's
+    # start message or Realtime settings name (a language, another policy, its own hotwords)
+    stream: StreamConfig = StreamConfig()
     max_backlog_s: float = 40.0  # a session's undecoded audio beyond which its socket is not read (backpressure)
     start_timeout_s: float = 10.0  # a connection must send its start message within this
     min_audio_s_per_30s: float = 1.0  # a started session sending less is closed (checked on a timer)

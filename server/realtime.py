@@ -180,9 +180,9 @@ class RealtimeSession(StreamSession):
         with self._atomic():
             old, new = self.settings, parse_update(event, self.settings, self.shared.languages)
             self.beta = self.beta or event["type"] == "transcription_session.update"
-            stream, restart = new.stream(self.config.step_s, self.config.commit_policy, self.config.hotwords), False
+            stream, restart = new.stream(self.config.stream), False
             if self.sid is not None:
-                restart = stream != old.stream(self.config.step_s, self.config.commit_policy, self.config.hotwords)
+                restart = stream != old.stream(self.config.stream)
                 if restart or (new.format, new.rate) != (old.format, old.rate):
                     await self._end_audio(None)
             if restart:
@@ -203,9 +203,9 @@ class RealtimeSession(StreamSession):
             self.emit("transcription_session.updated" if event["type"] == "transcription_session.update"
                       else "session.updated", session=self.session_object())
             ignored = ignored_fields(event)
-            if new.delay and not isinstance(self.config.commit_policy, AlignAtt):
+            if new.delay and not isinstance(self.config.stream.policy, AlignAtt):
                 ignored.append(("session.audio.input.transcription.delay", f"it sets AlignAtt's margins, and this "
-                                f"server commits by {self.config.commit_policy.name}"))
+                                f"server commits by {self.config.stream.policy.name}"))
             for param, why in ignored:
                 self.emit("warning", warning={"code": "ignored_parameter", "param": param,
                                               "message": f"{param} is accepted but has no effect: {why}"})

@@ -20,7 +20,7 @@ from asr_spec.server.protocol import (
 )
 
 from asr_spec.streaming.config import StreamConfig
-from asr_spec.streaming.policy import AlignAtt, CommitPolicy
+from asr_spec.streaming.policy import AlignAtt
 
 UPDATES = ("session.update", "transcription_session.update")
 CLIENT_EVENTS = (*UPDATES, "input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear")
@@ -86,17 +86,17 @@ class Settings:
         """Of the session's audio: 16-bit PCM at its rate, or G.711's byte per sample at 8 kHz."""
         return 2 * self.rate if self.format == "audio/pcm" else 8000
 
-    def stream(self, step_s: float, policy: CommitPolicy, hotwords: str = "") -> StreamConfig:
-        """The engine stream these settings ask for (``policy``, ``hotwords``: the server's; its AlignAtt takes the
-        session's delay, and its hotwords give way to the session's keywords)."""
-        vad = self.vad or Vad()
+    def stream(self, base: StreamConfig) -> StreamConfig:
+        """The engine stream these settings ask for, over the server's ``base`` (its step, policy and hotwords; its
+        AlignAtt takes the session's delay, and its hotwords give way to the session's keywords)."""
+        vad, policy = self.vad or Vad(), base.policy
         if self.delay is not None and isinstance(policy, AlignAtt):
             policy = DELAYS[self.delay]
-        return StreamConfig(language=self.language, languages=self.languages, interim=True, step_s=step_s,
-                            vad=self.vad is not None, vad_threshold=vad.threshold,
-                            preroll_s=vad.prefix_padding_ms / 1000, end_silence_s=vad.silence_duration_ms / 1000,
-                            policy=policy, prompt=self.prompt,
-                            hotwords=", ".join(self.keywords) if self.keywords else hotwords)
+        return replace(base, language=self.language, languages=self.languages, interim=True,
+                       vad=self.vad is not None, vad_threshold=vad.threshold,
+                       preroll_s=vad.prefix_padding_ms / 1000, end_silence_s=vad.silence_duration_ms / 1000,
+                       policy=policy, prompt=self.prompt,
+                       hotwords=", ".join(self.keywords) if self.keywords else base.hotwords)
 
     def as_dict(self, beta: bool) -> dict:
         """The session object of ``session.created``/``.updated`` (beta: ``transcription_session.*``)."""

@@ -13,6 +13,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -336,10 +337,10 @@ class Session(StreamSession):
                 raise ProtocolError("already_started", "this session has started already")
             start = parse_start(msg, self.shared.languages)
             self.decoder = AudioDecoder(start)
-            await self._open(StreamConfig(language=start.language, task=start.task, interim=start.interim_results,
-                                          step_s=self.config.step_s, word_timestamps=start.word_timestamps,
-                                          policy=start.commit_policy or self.config.commit_policy,
-                                          hotwords=self.config.hotwords if start.hotwords is None else start.hotwords))
+            base = self.config.stream
+            await self._open(replace(base, language=start.language, task=start.task, interim=start.interim_results,
+                                     word_timestamps=start.word_timestamps, policy=start.commit_policy or base.policy,
+                                     hotwords=base.hotwords if start.hotwords is None else start.hotwords))
             await self.send({"type": "ready", "session": self.sid, "sample_rate": start.sample_rate,
                              "encoding": start.encoding, "channels": start.channels})
             return False

@@ -175,11 +175,13 @@ class ServeSettings(BaseSettings):
     def server_config(self, api_keys: tuple[str, ...]) -> ServerConfig:
         from asr_spec.server.config import ServerConfig
 
+        from asr_spec.streaming.config import StreamConfig
+
         return ServerConfig(host=self.host, port=self.port, max_sessions=self.sessions(), max_load=self.max_load or None,
                             max_sessions_per_client=self.max_sessions_per_client, api_keys=api_keys,
-                            idle_timeout_s=self.idle_timeout, step_s=self.step,
-                            commit_policy=policy_named(self.commit_policy),
-                            hotwords=self.hotwords, drain_s=self.drain_seconds, max_upload_s=self.max_upload_seconds)
+                            idle_timeout_s=self.idle_timeout,
+                            stream=StreamConfig(step_s=self.step, policy=policy_named(self.commit_policy),
+                                                hotwords=self.hotwords), drain_s=self.drain_seconds, max_upload_s=self.max_upload_seconds)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -234,7 +234,7 @@ def test_serve_defaults_are_the_engines_and_the_measured_ones(monkeypatch):
     s = settings_of()
     assert (s.step, s.max_step, s.commit_policy) == (StreamConfig.step_s, MAX_STEP_S,
                                                      StreamConfig.policy.name) == (0.5, 3.0, "alignatt")
-    assert s.server_config(()).commit_policy == StreamConfig.policy
+    assert s.server_config(()).stream.policy == StreamConfig.policy
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1, 2, 3})
     assert s.torch_threads() == 4 and settings_of("--threads", "4").torch_threads() == 4
     assert settings_of("--device", "cuda").torch_threads() == 0  # torch's choice
@@ -259,7 +259,7 @@ def test_serve_settings_come_from_options_over_the_environment_over_the_defaults
     monkeypatch.setenv("ASR_SPEC_HOTWORDS", "Kubernetes")
     s = settings_of("--max-sessions", "7")
     assert (s.max_sessions, s.commit_policy, s.hotwords) == (7, "local-agreement", "Kubernetes")
-    assert s.server_config(()).max_sessions == 7 and s.server_config(()).commit_policy == LocalAgreement()
+    assert s.server_config(()).max_sessions == 7 and s.server_config(()).stream.policy == LocalAgreement()
     help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["serve"].format_help().split())
     assert "--ray [ADDRESS]" in help_text and "[ASR_SPEC_MAX_SESSIONS]" in help_text
     monkeypatch.setenv("ASR_SPEC_PORT", "not-a-port")

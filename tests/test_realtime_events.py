@@ -22,6 +22,7 @@ from asr_spec.server.realtime_events import (
     parse_update,
 )
 
+from asr_spec.streaming.config import StreamConfig
 from asr_spec.streaming.policy import AlignAtt, LocalAgreement
 
 LANGUAGES = {"en", "de", "fr"}
@@ -54,10 +55,10 @@ def test_defaults_are_openais_and_a_ga_update_changes_only_what_it_names():
     assert s.vad == Vad(0.5, 300, 800)
     s2 = update({"type": "transcription", "audio": {"input": {"turn_detection": None}}}, s)
     assert s2.vad is None and s2.language == "de" and s2.model == "gpt-4o-transcribe"
-    config = s.stream(1.0, AlignAtt())
+    config = s.stream(StreamConfig(step_s=1.0, policy=AlignAtt()))
     assert (config.vad, config.end_silence_s, config.preroll_s, config.vad_threshold, config.language) == (
         True, 0.8, 0.3, 0.5, "de")
-    assert s2.stream(1.0, AlignAtt()).vad is False
+    assert s2.stream(StreamConfig(step_s=1.0, policy=AlignAtt())).vad is False
     ga = s.as_dict(beta=False)
     assert ga["type"] == "transcription" and ga["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 800
     assert ga["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
@@ -69,11 +70,11 @@ def test_the_prompt_and_keywords_reach_the_stream():
     (faster-whisper's, in every decode's prompt); both reported back; bad keywords name the field."""
     s = update({"type": "transcription", "audio": {"input": {"transcription": {
         "prompt": "Printing in the fifteenth century.", "keywords": ["Lübeck", " Basel ", ""]}}}})
-    config = s.stream(0.5, AlignAtt())
+    config = s.stream(StreamConfig(step_s=0.5, policy=AlignAtt()))
     assert (config.prompt, config.hotwords) == ("Printing in the fifteenth century.", "Lübeck, Basel")
     assert s.as_dict(beta=False)["audio"]["input"]["transcription"]["keywords"] == ["Lübeck", "Basel"]
     beta = update({"input_audio_transcription": {"keywords": ["Lübeck"]}}, beta=True)
-    assert beta.stream(0.5, AlignAtt()).hotwords == "Lübeck"
+    assert beta.stream(StreamConfig(step_s=0.5, policy=AlignAtt())).hotwords == "Lübeck"
     cleared = update({"type": "transcription", "audio": {"input": {"transcription": {"keywords": None}}}}, s)
     assert cleared.keywords == () and cleared.prompt == s.prompt
     path = "session.audio.input.transcription.keywords"
@@ -86,7 +87,7 @@ def test_languages_restrict_detection():
     ``StreamConfig.languages``); codes the model lacks are refused naming the field; null allows any again."""
     s = update({"type": "transcription", "audio": {"input": {"transcription": {"language": None,
                                                                               "languages": ["de", "fr", "de"]}}}})
-    assert s.stream(0.5, AlignAtt()).languages == ("de", "fr") and s.stream(0.5, AlignAtt()).language is None
+    assert s.stream(StreamConfig(step_s=0.5, policy=AlignAtt())).languages == ("de", "fr") and s.stream(StreamConfig(step_s=0.5, policy=AlignAtt())).language is None
     assert s.as_dict(beta=False)["audio"]["input"]["transcription"]["languages"] == ["de", "fr"]
     assert update({"type": "transcription", "audio": {"input": {"transcription": {"languages": None}}}}, s).languages == ()
     path = "session.audio.input.transcription.languages"
@@ -202,11 +203,11 @@ def test_delay_levels_set_alignatts_margins_and_ignored_fields_are_named():
     from asr_spec.streaming.config import StreamConfig
 
     s = update({"type": "transcription", "audio": {"input": {"transcription": {"delay": "xhigh"}}}})
-    assert s.stream(0.5, AlignAtt()).policy == DELAYS["xhigh"] == AlignAtt(2.0, 0.95, 6.0)
-    assert s.stream(0.5, LocalAgreement()).policy == LocalAgreement()  # a delay sets AlignAtt's margins only
+    assert s.stream(StreamConfig(step_s=0.5, policy=AlignAtt())).policy == DELAYS["xhigh"] == AlignAtt(2.0, 0.95, 6.0)
+    assert s.stream(StreamConfig(step_s=0.5, policy=LocalAgreement())).policy == LocalAgreement()  # a delay sets AlignAtt's margins only
     assert s.as_dict(beta=False)["audio"]["input"]["transcription"]["delay"] == "xhigh"
     medium = update({"type": "transcription", "audio": {"input": {"transcription": {"delay": "medium"}}}})
-    assert medium.stream(0.5, AlignAtt()) == Settings().stream(0.5, AlignAtt())  # medium: the server's own margins
+    assert medium.stream(StreamConfig(step_s=0.5, policy=AlignAtt())) == Settings().stream(StreamConfig(step_s=0.5, policy=AlignAtt()))  # medium: the server's own margins
     assert DELAYS["medium"] == StreamConfig().policy
     margins = [DELAYS[k].margin_s for k in ("minimal", "low", "medium", "high", "xhigh")]
     assert margins == sorted(margins) and len(set(margins)) == 5
