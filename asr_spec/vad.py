@@ -12,7 +12,7 @@ from .audio import SAMPLE_RATE, Audio, blocks_of
 BLOCK = 64  # chunks in one call of the network's convolutional front (every stream's chunks together)
 ROWS = 16  # streams in one step of its recurrent back
 # Both fixed: at a fixed shape a row's result depends on nothing but its own input, so a stream's flags are the same
-# alone or in company, and however its audio arrived (tests/test_vad.py).
+# alone or in company, and however its audio arrived (tests/streaming/test_vad.py).
 
 
 class _Network:

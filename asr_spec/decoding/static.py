@@ -15,7 +15,7 @@ lives in an :class:`Arena` made once per (target, draft, K, rules, memory length
   depends on the rows' positions; the host reads one row per slot.
 
 Every decoder call has the shapes of the eager loop's exact target (all K + 1 positions, the whole self-attention
-cache masked), so a row's bits are the eager loop's: the same tokens (tests/test_static.py). Decodes that ask for it
+cache masked), so a row's bits are the eager loop's: the same tokens (tests/decoding/test_static.py). Decodes that ask for it
 (``DecodeOptions.static``) and are greedy without recorded heads take it, one at a time per arena (a decode finding
 it busy runs eagerly): whole windows of files and uploads, and a stream engine's steps — each stream's buffer padded
 to one width and attended under its mask (``padded``: the target's mask too, in the arena as in the eager loop), its

@@ -168,7 +168,7 @@ def stack_cross(rows: list[CrossKV], width: int | None = None) -> CrossKV:
 # position's numbers would depend on how many positions a pass feeds and how long the cache looks. Passes of an exact
 # decoder give attention at least EXACT_QUERIES queries (zero rows added) and the whole self-attention cache (at
 # least EXACT_KEYS positions, masked); then a row's bits are the same in a 1-token step, a verify pass and a prompt
-# (tests/test_compute.py checks it on the tiny model, eval/experiments/exact_rows.py and eval's identical-to-target on the real one).
+# (tests/decoding/test_compute.py checks it on the tiny model, eval/experiments/exact_rows.py and eval's identical-to-target on the real one).
 EXACT_QUERIES = 4
 EXACT_KEYS = 512
 

@@ -4,7 +4,7 @@ The parameter names are transformers' (``model.encoder.layers.0.self_attn.q_proj
 transformers Whisper directory (``config.json`` + ``model.safetensors``) loads here and what we write loads there.
 transformers itself is not imported: it costs ~4 s of a process's start (AMD EPYC, 2 cores), more than a short
 file's whole transcription. The encoder's forward is transformers' (eager and SDPA) operation for operation, so its
-bits are the same (tests/test_models.py), except bfloat16 attention on CPUs without AMX (:func:`attend`); the
+bits are the same (tests/models/test_models.py), except bfloat16 attention on CPUs without AMX (:func:`attend`); the
 decoder's inference runs in :class:`~asr_spec.models.kv_decoder.CachedDecoder`, which reads these modules' weights;
 :meth:`Decoder.forward` (causal, whole sequences) is what ``asr_spec distill`` trains.
 """

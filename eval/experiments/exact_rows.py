@@ -1,7 +1,7 @@
 """Does a position keep its bits whatever the pass? The target's logits of one position computed in a 1-token step,
 inside a 4-token verify pass, inside a 9-token pass and as row 2 of a batch of 3, compared bitwise (and by their
 largest difference) at each compute type on a device: what speculative == target-only and batch 8 == batch 1 rest
-on. ``tests/test_compute.py`` checks the same on the tiny model on the CPU that runs the tests; this runs the real
+on. ``tests/decoding/test_compute.py`` checks the same on the tiny model on the CPU that runs the tests; this runs the real
 model on any device (a GPU's kernels may pick another path by row count).
 
     python eval/experiments/exact_rows.py [--device cuda] [--compute-type float16,int8,float32]

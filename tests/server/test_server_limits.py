@@ -34,7 +34,7 @@ from asr_spec.streaming.config import EngineConfig
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import Transcriber
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def running(tiny_target, **config):

@@ -38,8 +38,8 @@ basic = BasicTextNormalizer()
 def transcriber(base_model):  # base_model: the embedded model converted first
     """The embedded models at int8: what ``serve`` runs by default (``auto``) on an AVX2 CPU, and a fifth less of
     CI's time than float32 on a 2-core AVX2 EPYC (this module: 257 against 318 s, two runs of one morning). The
-    attacks test the server's robustness, not a type's numbers (each type's exactness: tests/test_compute.py,
-    tests/test_exact_real_speech.py)."""
+    attacks test the server's robustness, not a type's numbers (each type's exactness: tests/decoding/test_compute.py,
+    tests/decoding/test_exact_real_speech.py)."""
     model = load_target("whisper-base", compute_type="int8")
     return Transcriber(model, load_draft(default_draft("whisper-base"), model))
 

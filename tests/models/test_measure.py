@@ -193,7 +193,7 @@ time.sleep(120)
 @pytest.mark.slow
 def test_the_background_measurement_keeps_what_later_processes_load(tmp_path, monkeypatch):
     """``python -m asr_spec.measure --background`` (what a server starts) measures where the draft pays while the
-    machine is quiet; a later load uses it, measured. (auto's type: tests/test_compute.py.)"""
+    machine is quiet; a later load uses it, measured. (auto's type: tests/decoding/test_compute.py.)"""
     import subprocess
     import sys
 

@@ -19,7 +19,7 @@ from websockets.sync.client import connect
 from asr_spec.streaming.engine import Engine
 from asr_spec.transcribe import Transcriber
 
-DEPLOY = Path(__file__).resolve().parents[1] / "docs" / "deploy.md"
+DEPLOY = Path(__file__).resolve().parents[2] / "docs" / "deploy.md"
 RECIPE = re.compile(r"<!-- nginx.conf -->\n```nginx\n(.*?)```\n<!-- /nginx.conf -->", re.S)
 
 

@@ -2,7 +2,7 @@
 row whose "default" column holds it) is the default the command line builds (asr_spec.cli's parser, serve's
 ServeSettings, and the hardware-dependent defaults their methods resolve); the README is a manual of at most 300 lines
 with a contents list; every relative link and every eval/results/ path a doc names exists; no doc narrates dated runs.
-docs/results.md is generated (eval/results_page.py) and checked by tests/test_results_page.py, so it is left out.
+docs/results.md is generated (eval/results_page.py) and checked by tests/eval/test_results_page.py, so it is left out.
 Fast: the parsers and settings only, no model."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 GENERATED = {ROOT / "docs" / "results.md"}
 DOCS = [README] + [p for p in sorted((ROOT / "docs").glob("*.md")) if p not in GENERATED]

@@ -14,7 +14,7 @@ from asr_spec.audio import load_audio
 
 pytestmark = pytest.mark.slow  # a real server, browser, subprocess or real weights
 
-SCREENSHOT = Path(__file__).parent / "artifacts" / "browser-page.png"
+SCREENSHOT = Path(__file__).parents[1] / "artifacts" / "browser-page.png"
 
 
 def chromium() -> tuple[str, str]:

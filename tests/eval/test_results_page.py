@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 INDEX = ROOT / "eval" / "results" / "index.json"
 SCRIPT = ROOT / "eval" / "results_page.py"
 PAGE = ROOT / "docs" / "results.md"

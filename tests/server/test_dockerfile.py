@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from server_proc import free_port, wait_serving
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def instructions() -> list[tuple[str, str]]:

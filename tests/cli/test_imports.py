@@ -10,7 +10,7 @@ import graphlib
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {"asr_spec": ROOT / "asr_spec", "asr_spec.server": ROOT / "server", "asr_spec.clients": ROOT / "clients"}
 MAX_LINES = 400
 SOURCES = (".py", ".js", ".html", ".css")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EVAL = ROOT / "eval"
 EXPERIMENTS = EVAL / "experiments"
 SCRIPTS = sorted(EVAL.glob("*.py")) + sorted(EXPERIMENTS.glob("*.py"))
