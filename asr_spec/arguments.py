@@ -6,7 +6,7 @@ describe its options this way."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import MISSING, field, fields, is_dataclass
+from dataclasses import MISSING, field, fields, is_dataclass, make_dataclass
 from types import NoneType, UnionType
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
@@ -62,3 +62,29 @@ def from_args(settings: type[T], args: argparse.Namespace) -> T:
             value = getattr(args, f.name)
             values[f.name] = tuple(value) if isinstance(value, list) else value
     return settings(**values)
+
+
+def variant(settings: type[T], name: str, doc: str, defaults: dict[str, Any] | None = None,
+            flags: dict[str, str] | None = None, helps: dict[str, str] | None = None,
+            only: tuple[str, ...] | None = None) -> type:
+    """``settings`` with another default, flag or help for some of its options, each option's type and the rest of
+    its declaration kept: one command's defaults of options every command shares (``mic``'s compute type). With
+    ``only``: a dataclass of those options alone (not a subclass: no methods)."""
+    defaults, flags, helps = defaults or {}, flags or {}, helps or {}
+    names = {f.name for f in fields(settings)}
+    unknown = (set(defaults) | set(flags) | set(helps) | set(only or ())) - names
+    if unknown:
+        raise TypeError(f"{settings.__name__} has no options {sorted(unknown)}")
+    hints = get_type_hints(settings)
+    specs = []
+    for f in fields(settings):
+        if only is not None and f.name not in only:
+            continue
+        if only is not None or f.name in defaults or f.name in flags or f.name in helps:
+            meta = dict(f.metadata) | {"flag": flags.get(f.name, f.metadata["flag"]),
+                                       "help": helps.get(f.name, f.metadata["help"])}
+            specs.append((f.name, hints[f.name], field(default=defaults.get(f.name, f.default), metadata=meta)))
+    bases = () if only is not None else (settings,)
+    cls = make_dataclass(name, specs, bases=bases, frozen=True, kw_only=True)
+    cls.__doc__, cls.__module__ = doc, settings.__module__
+    return cls

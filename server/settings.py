@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Literal, get_args, get_origin
+from dataclasses import fields as dataclass_fields
+from typing import TYPE_CHECKING, Literal, get_args, get_origin, get_type_hints
 
-from pydantic import Field
+from pydantic import Field, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from asr_spec.models import EMBEDDED
 from asr_spec.models.compute import COMPUTE_TYPES, amx
+from asr_spec.models.settings import COMPUTE_HELP, ModelSettings
 from asr_spec.streaming import MAX_STEP_S, STEP_S
 from asr_spec.streaming.policy import POLICIES, policy_named
 
@@ -29,8 +30,9 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-class ServeSettings(BaseSettings):
-    """0 means "the hardware's default" for max_sessions, max_batch and threads (see the methods below)."""
+class _ServeOptions(BaseSettings):
+    """serve's own options (:data:`ServeSettings` adds the model options). 0 means "the hardware's default" for
+    max_sessions, max_batch and threads (see the methods below)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
 
@@ -88,24 +90,10 @@ class ServeSettings(BaseSettings):
         "uploads wait up to this many seconds, after about one window of each file in flight, while live streams are "
         "due (0: uploads and streams share the CPU equally)"))
     idle_timeout: float = Field(60.0, gt=0, description="close sessions silent for this many seconds")
-    model: str = Field(EMBEDDED, description="target: whisper-base (embedded), a local directory or a Hugging Face id")
-    draft: str = Field("auto", description=(
-        "draft: 'auto' (the one shipped for the target), a directory or id (asr_spec distill output) or "
-        "layers:I,J (untrained copy)"))
-    no_draft: bool = Field(False, description="target-only decoding (the baseline)")
     stream_draft: bool = Field(False, description=(
         "live streams also draft with the draft model past their previous hypothesis (which every re-decode "
         "proposes first); by default their hints alone, the draft serving uploads (measured a tenth cheaper for "
         "streams on a CPU). Never changes the text"))
-    device: str = Field("cpu", description="torch device (cpu, cuda, ...)")
-    compute_type: Literal[COMPUTE_TYPES] = Field("auto", description=(
-        "precision of the whole model, CTranslate2's names (auto: the native type measured fastest here, once, "
-        "then kept; live sessions put latency first); each type gives slightly different text, speculation is exact at every type"))
-    speculation: Literal["auto", "on"] = Field("auto", description=(
-        "auto: draft only at the batch widths where drafting was measured to pay on this machine (once, kept); "
-        "on: at every width. Never changes the text"))
-    threads: int = Field(0, ge=0, description=(
-        "torch CPU threads (0: every core on a CPU; torch's choice on CUDA)"))
     ray: str | None = Field(None, description=(
         "serve on Ray Serve (pip install 'asr_spec[ray]'): ADDRESS such as HOST:6379, or nothing for the cluster "
         "RAY_ADDRESS names or one started here with 'ray start', else a new local one (docs/deploy.md)"))
@@ -182,6 +170,28 @@ class ServeSettings(BaseSettings):
                             idle_timeout_s=self.idle_timeout,
                             stream=StreamConfig(step_s=self.step, policy=policy_named(self.commit_policy),
                                                 hotwords=self.hotwords), drain_s=self.drain_seconds, max_upload_s=self.max_upload_seconds)
+
+
+# serve's model options are every command's (asr_spec.models.settings: one declaration), with serve's defaults: the
+# compute type measured fastest here, torch on every core
+SERVE_MODEL_DEFAULTS = {"compute_type": "auto"}
+SERVE_MODEL_HELP = {"threads": "torch CPU threads (0: every core on a CPU; torch's choice on CUDA)",
+                    "compute_type": COMPUTE_HELP + "; live sessions put latency first"}
+
+
+def _model_fields() -> dict:
+    hints = get_type_hints(ModelSettings)
+    out = {}
+    for f in dataclass_fields(ModelSettings):
+        name = "device" if f.name == "torch_device" else f.name  # serve has no other device (mic's is its input)
+        description = SERVE_MODEL_HELP.get(f.name, f.metadata["help"]).replace(" (default %(default)s)", "")
+        bounds = {"ge": 0} if hints[f.name] is int else {}
+        out[name] = (hints[f.name], Field(SERVE_MODEL_DEFAULTS.get(f.name, f.default), description=description,
+                                          **bounds))
+    return out
+
+
+ServeSettings = create_model("ServeSettings", __base__=_ServeOptions, __module__=__name__, **_model_fields())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,12 +6,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from ..arguments import option
+from ..arguments import option, variant
 from ..models.compute import COMPUTE_TYPES
-from .models import DEFAULT_DRAFT
+from ..models.settings import ModelSettings
 
 if TYPE_CHECKING:
     from ..evaluation.run import EvalOptions
+
+
+EvalModelSettings = variant(
+    ModelSettings, "EvalModelSettings", "eval's model options: every system's model, device and threads; our systems' "
+    "draft, compute type and speculation (a system may name its own type: spec-int8).", only=(
+        "model", "draft", "torch_device", "compute_type", "threads", "speculation"),
+    helps={"threads": "threads for every system (default: torch's)",
+           "compute_type": "our systems' compute type where their name gives none (spec-int8 names its own): "
+                           + ", ".join(COMPUTE_TYPES) + " (default %(default)s)"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,8 +37,6 @@ class EvalSettings:
         "/ -float32 (faster-whisper-int8); a peer with -beamN runs its beam search with N beams "
         "(faster-whisper-int8-beam5, whisper.cpp-beam5: their own defaults), greedy otherwise"))
     k: str = option("3", "comma list of K for spec (one run each)")
-    compute_type: Literal[COMPUTE_TYPES] = option("float32", "compute type of our systems without one in their name "
-                                                  "(spec-int8 names its own): " + ", ".join(COMPUTE_TYPES), metavar="TYPE")
     window_padding: Literal["audio", "mel"] = option("audio", "our systems': what follows a window's audio when it holds less than 30 s: audio (the log-mel of silence: openai-whisper's decode() on padded audio, default) or mel (zeros after the audio's frames: openai-whisper's transcribe() and faster-whisper); changes the text slightly (README)")
     encoder_window: Literal["full", "audio"] = option("full", "our systems' encoder input: padded 30 s windows "
                                                       "(default) or only the audio")
@@ -38,30 +45,25 @@ class EvalSettings:
     seeds: int = option(1, "spec-sample and target-sample runs (seeds 0..N-1)")
     repeat: int = option(1, "timing repeats per utterance (medians reported)")
     out: str = option("eval/out", "directory for results.json, report.md and plots")
-    model: str = option("whisper-base")
-    draft: str = option(DEFAULT_DRAFT)
     language: str = option("en", "language for every system ('' = detect)")
-    threads: int = option(0, "threads for every system (default: torch's)")
     hotwords: str | None = option(None, "our systems' hotwords (as transcribe's)")
-    torch_device: str = option("cpu", "every system's device (cpu, cuda, ...)", flag="--device")
-    speculation: Literal["auto", "on"] = option("auto", "our drafting systems: auto drafts only at the batch widths "
-                                                "measured to pay here (measured first if not yet; as transcribe and "
-                                                "serve do), on: at every width")
+    models: EvalModelSettings
     batch_size: str = option("1", "comma list (one run of each of our systems per size): files decoded together; "
                              "faster-whisper-batched: its batch size (it batches the chunks of one file)")
 
     def options(self) -> EvalOptions:
         from ..evaluation.run import EvalOptions
 
+        m = self.models
         return EvalOptions(manifest=Path(self.manifest), out=Path(self.out),
                            systems=tuple(s.strip() for s in self.systems.split(",") if s.strip()),
                            ks=tuple(int(k) for k in self.k.split(",")),
                            draft_stops=tuple(float(p) for p in self.draft_stop.split(",")), limit=self.limit,
-                           repeat=self.repeat, compute_type=self.compute_type, encoder_window=self.encoder_window,
+                           repeat=self.repeat, compute_type=m.compute_type, encoder_window=self.encoder_window,
                            window_padding=self.window_padding,
-                           temperature=self.temperature, seeds=self.seeds, model=self.model, draft=self.draft,
-                           language=self.language or None, threads=self.threads, device=self.torch_device,
-                           hotwords=self.hotwords or None, speculation=self.speculation,
+                           temperature=self.temperature, seeds=self.seeds, model=m.model, draft=m.draft,
+                           language=self.language or None, threads=m.threads, device=m.torch_device,
+                           hotwords=self.hotwords or None, speculation=m.speculation,
                            batch_sizes=tuple(int(n) for n in self.batch_size.split(",")))
 
 

@@ -8,10 +8,10 @@ import sys
 from dataclasses import dataclass
 from typing import Literal
 
-from ..arguments import option
-from ..models.compute import COMPUTE_TYPES
+from ..arguments import option, variant
+from ..models.settings import ModelSettings
 from ..streaming import POLICIES
-from .models import COMPUTE_HELP, ModelSettings, load
+from .models import load
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -90,12 +90,9 @@ def stream(settings: StreamSettings) -> int:
     return 0 if events and events[-1]["type"] == "closed" else 1
 
 
-@dataclass(frozen=True, kw_only=True)
-class MicModelSettings(ModelSettings):
-    """mic's model options: --device is the microphone, and the compute type puts latency first."""
-
-    torch_device: str = option("cpu", "torch device (cpu, cuda, ...)", flag="--torch-device")
-    compute_type: Literal[COMPUTE_TYPES] = option("auto", COMPUTE_HELP, metavar="TYPE")
+MicModelSettings = variant(ModelSettings, "MicModelSettings", "mic's model options: --device is the microphone, and "
+                           "the compute type puts latency first.", defaults={"compute_type": "auto"},
+                           flags={"torch_device": "--torch-device"})
 
 
 @dataclass(frozen=True, kw_only=True)

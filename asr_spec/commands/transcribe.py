@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Literal
 
 from ..arguments import option
 from ..audio import SAMPLE
-from .models import ModelSettings, load
+from ..models.settings import ModelSettings
+from .models import load
 
 if TYPE_CHECKING:
     from ..transcribe import TranscribeOptions

@@ -36,8 +36,8 @@ def code_defaults(cores_amx: tuple[tuple[int, bool], ...] = ((1, False), (1, Tru
     from asr_spec.server import settings as serve
 
     from asr_spec.cli import build_parser
-    from asr_spec.commands.models import ModelSettings
     from asr_spec.commands.transcribe import TranscribeSettings
+    from asr_spec.models.settings import ModelSettings
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     out: dict[str, dict[str, set]] = {}
