@@ -6,12 +6,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from ..arguments import option
+from ..arguments import option, variant
 from ..distill import LABEL_BATCH
 from ..models.compute import COMPUTE_TYPES
+from ..models.settings import ModelSettings
 
 if TYPE_CHECKING:
     from ..distill.train import DistillOptions
+
+
+DistillModelSettings = variant(
+    ModelSettings, "DistillModelSettings", "distill's model options: where and how the target labels the audio.",
+    only=("torch_device", "compute_type", "threads"),
+    helps={"torch_device": "where the target labels and the draft trains (cuda: a GPU)",
+           "compute_type": "compute type of the target that labels the audio (the draft learns that target's tokens; "
+                           "training itself runs in float32): " + ", ".join(COMPUTE_TYPES) + " (default %(default)s)"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,18 +54,14 @@ class DistillSettings:
     label_batch: int = option(LABEL_BATCH, "clips the target labels at once (a GPU takes 32 or more)")
     lr: float = option(7e-4)
     seed: int = option(0)
-    threads: int = option(0)
-    torch_device: str = option("cpu", "where the target labels and the draft trains (cuda: a GPU)", flag="--device")
     augment: int = option(0, "augmented copies of every real clip (speed, noise, reverberation, telephone band), "
                           "each labelled by the target")
     on_policy: float = option(0.0, "share of each training batch made on the draft's own proposals, labelled by "
                               "the target (DistillSpec's on-policy data); 0: teacher forcing only")
     policy_steps: int = option(8, "draft tokens per on-policy example")
+    models: DistillModelSettings
     window_padding: Literal["audio", "mel"] = option("audio", "how the target that labels the audio pads a window "
                                                      "shorter than 30 s (as transcribe's --window-padding)")
-    compute_type: Literal[COMPUTE_TYPES] = option(
-        "float32", "compute type of the target that labels the audio (the draft learns that target's tokens; training "
-        "itself runs in float32): " + ", ".join(COMPUTE_TYPES), metavar="TYPE")
 
     def options(self) -> DistillOptions:
         from ..distill.train import DistillOptions
@@ -70,8 +75,8 @@ class DistillSettings:
                               max_steps=self.steps, batch=self.batch, lr=self.lr, seed=self.seed,
                               label_batch=self.label_batch,
                               session_s=self.session_seconds, init=Path(self.init) if self.init else None,
-                              compute_type=self.compute_type, window_padding=self.window_padding,
-                              device=self.torch_device, augment=self.augment,
+                              compute_type=self.models.compute_type, window_padding=self.window_padding,
+                              device=self.models.torch_device, augment=self.augment,
                               on_policy=self.on_policy, policy_steps=self.policy_steps,
                               eval_every=self.checkpoint_every)
 
@@ -85,8 +90,8 @@ def distill(settings: DistillSettings) -> int:
     from ..distill.train import distill as train
     from ..models.sources import ModelError
 
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
+    if settings.models.threads:
+        torch.set_num_threads(settings.models.threads)
     missing = [p for p in settings.audio + settings.text + (settings.tts_audio or "",) if p and not Path(p).exists()]
     if missing:
         print(f"error: not found: {', '.join(missing)}", file=sys.stderr)
