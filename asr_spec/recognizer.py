@@ -177,7 +177,7 @@ class Recognizer:
         drafting = self.draft is not None and use_draft and self.draft.widths(max(len(requests), room))
         draft = self.draft.decoder if drafting else None
         options = DecodeOptions(LogitRules.whisper(self.vocab, timestamps), self.vocab.eot, self.vocab.no_speech,
-                                Sampler(temperature, seed), k if draft else 0, draft_stop, keep_cross, attention_heads,
+                                Sampler(temperature, seed), k, draft_stop, keep_cross, attention_heads,
                                 static)
         return open_decode(Decoders(self.target.decoder, draft, self.costs if adaptive_k else None, self.clock),
                            memories, requests, options, cross, room)

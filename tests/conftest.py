@@ -37,6 +37,14 @@ def pytest_runtest_protocol(item, nextitem):
         torch.set_num_threads(before)
 
 
+def fast_first(values: list) -> list:
+    """Parameters of a matrix of tiny-model cases: the first runs in the fast loop (``-m "not slow"``), each other
+    only in the whole suite (marked ``slow``), so that the fast loop keeps one case of every matrix within its
+    minute while CI runs them all. A tuple is one case of several parameters."""
+    return [v if i == 0 else pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=pytest.mark.slow)
+            for i, v in enumerate(values)]
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
     return save_tiny(tmp_path_factory.mktemp("tiny_target"), seed=0)

@@ -102,3 +102,8 @@ class Decoders:
     draft: CachedDecoder | None = None
     costs: Callable[[int], CostModel] | None = None  # the measured costs of a pass over n rows (None: always k)
     clock: PassClock | None = None  # times each phase of every pass (eval/pass_budget.py)
+
+    def k(self, options: DecodeOptions) -> int:
+        """The drafted tokens per pass a decode with ``options`` runs: its K with a draft, 0 without one (the one
+        place this is decided; the recognizer decides whether a decode drafts at all)."""
+        return options.k if self.draft is not None else 0

@@ -72,8 +72,8 @@ class DecodingTask(JoinRows):
                  slots: Slots | None = None):
         o = self.o = options
         self.decoders, self.target, self.clock = decoders, decoders.target, decoders.clock
-        self.draft = decoders.draft if o.k > 0 else None
-        self.k = o.k if self.draft is not None else 0
+        self.k = decoders.k(o)
+        self.draft = decoders.draft if self.k > 0 else None
         self.costs = decoders.costs if self.draft is not None else None
         self.dev = self.target.device
         self.max_pos = self.target.max_positions

@@ -263,7 +263,7 @@ class StaticDecodingTask(DecodingTask):
 
     def __init__(self, decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest],
                  options: DecodeOptions, cross: Pair[CrossKV | None] = Pair(None), arena: Arena | None = None):
-        k = options.k if decoders.draft is not None else 0
+        k = decoders.k(options)
         self.arena = arena or arena_for(decoders, k, options, len(requests), memories,
                                         decode_capacity(decoders.target.max_positions, k), padded(requests))
         super().__init__(decoders, memories, requests, options, cross, slots=self.arena.slots)
@@ -322,7 +322,7 @@ def open_decode(decoders: Decoders, memories: Pair[torch.Tensor], requests: list
     it; drive it with ``start``/``step`` (or ``run``) and end it with ``close``. An arena serves one decode at a time,
     until its ``close``: a decode that finds it busy (another thread's) runs the eager loop."""
     if eligible(decoders, memories, requests, options):
-        k = options.k if decoders.draft is not None else 0
+        k = decoders.k(options)
         arena = arena_for(decoders, k, options, max(len(requests), room), memories,
                           decode_capacity(decoders.target.max_positions, k), padded(requests))
         if arena.lock.acquire(blocking=False):

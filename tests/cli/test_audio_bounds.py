@@ -92,6 +92,7 @@ def test_blocks_give_the_whole_array_samples(tmp_path):
         assert np.array_equal(np.concatenate(list(AudioFile(f).blocks())), expected)
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_decoding_a_long_file_holds_the_output_and_a_block(tmp_path):
     """10 min at 48 kHz: the whole file at its own rate would be 115 MB of float32; decoding it holds the 38 MB at
     16 kHz and a block."""
@@ -148,6 +149,7 @@ def _speech_file(tmp_path, minutes: float) -> tuple[object, np.ndarray]:
     return f, load_audio(f)
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_transcribe_holds_the_windows_not_the_file(short_target, tmp_path):
     """A 10-minute file read a block at a time: the same tokens as its whole array, holding a few copies of a
     window's audio (its 16 kHz array is 38 MB; the features are torch's, made a 30 s block at a time)."""
@@ -166,6 +168,7 @@ def test_transcribe_holds_the_windows_not_the_file(short_target, tmp_path):
     assert peak < 12e6 < audio.nbytes / 3, peak
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_chunked_reads_each_piece_in_order(short_target, tmp_path):
     f, audio = _speech_file(tmp_path, 1)
     tr = Transcriber(short_target)

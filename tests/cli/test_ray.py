@@ -89,6 +89,7 @@ def test_without_ray_the_flag_says_how_to_install_it(monkeypatch, capsys):
     assert INSTALL_HINT in capsys.readouterr().err
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_an_address_nobody_listens_on_is_a_clear_error_at_once(monkeypatch, capsys):
     code = cli.main(["transcribe", str(DEV / "LJ001-0002.wav"), "--ray", f"127.0.0.1:{_free_port()}", "--quiet"])
     assert code == 1

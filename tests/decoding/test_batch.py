@@ -29,6 +29,7 @@ def _bad() -> np.ndarray:
     raise AudioError("broken.wav", "not audio")
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_a_batch_gives_each_file_its_own_text_and_reports_a_bad_one(short_target):
     tr = Transcriber(short_target, load_draft("layers:0,1", short_target))
     audios = {"short": _noise(2, 0), "two windows": _noise(34, 1), "empty": np.zeros(0, np.float32),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import DEV
+from conftest import DEV, fast_first
 
 from asr_spec.decoding.beam import BeamOptions, beam_search
 from asr_spec.decoding.logits import LogitRules
@@ -30,6 +30,7 @@ def search(target, memory, prompts, beam: BeamOptions, draft=None, k: int = 0, l
 PROMPTS = [[], [1000, 2000], [], [50, 60, 70]]
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 @pytest.mark.parametrize("size", [2, 3, 5])
 def test_a_windows_search_is_the_same_alone_and_in_a_batch(short_target, size):
     memory = windows(short_target, 4)
@@ -39,7 +40,7 @@ def test_a_windows_search_is_the_same_alone_and_in_a_batch(short_target, size):
         assert (alone.tokens, alone.sum_logprob) == (together[i].tokens, together[i].sum_logprob)
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 5])
+@pytest.mark.parametrize("k", fast_first([3, 1, 2, 5]))
 def test_the_speculative_search_is_the_plain_one_token_for_token(short_target, k):
     draft = load_draft("layers:0", short_target)
     memory = windows(short_target, 4, seed=1)
@@ -69,6 +70,7 @@ def test_patience_and_length_penalty_as_openai_whisper_defines_them():
         BeamOptions(1)
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_the_window_loop_runs_beam_searches(short_target):
     """``TranscribeOptions.beam``: every window of a file by beam search, the text the same with and without the
     draft."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEV
+from conftest import DEV, fast_first
 
 from asr_spec.audio import load_audio
 from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest
@@ -259,7 +259,7 @@ def _decode(target, draft, prompts, k, sampler=None, memory=None):
     return run_decode(Decoders(target.decoder, draft.decoder if draft else None), Pair(mem, mem), requests, o)
 
 
-@pytest.fixture(scope="module", params=TYPES)
+@pytest.fixture(scope="module", params=fast_first(list(TYPES)))
 def typed_target(request, tiny_dir):
     if request.param.startswith("int8") and not int8_kernels("cpu"):
         pytest.skip("no int8 CPU kernels here")
@@ -305,6 +305,7 @@ def test_an_exact_decoder_gives_a_position_the_same_bits_in_any_pass(typed_targe
     assert dec.exact and all(same), same
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_a_row_decodes_to_the_same_bits_alone_and_in_any_company(typed_target):
     """Batch company never changes a row: a row decoded alone and among 2..8 rows of other prompts and other memory
     lengths (ragged memories: each row attends to its own), first, last or in the middle, target-only and with a
@@ -371,6 +372,7 @@ def test_int8_speculation_equals_int8_target_on_dev_speech_batch_8_and_1(dev_man
     assert accepted > 0
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_auto_measures_each_native_type_once_and_keeps_the_fastest(tiny_dir, tmp_path, monkeypatch, capsys):
     """auto on first use times every type the CPU computes natively (the tiny model: an encoder window and passes of
     K draft steps and a verify), says what it chose and why, keeps it in the cache directory, and from then on reads

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from conftest import fast_first
 
 from asr_spec.decoding.costs import FIRST_TRIES, MAX_PROBE_EVERY, PROBE_EVERY, CostModel
 from asr_spec.decoding.logits import LogitRules
@@ -121,10 +122,10 @@ def _decode(model, draft, prompts, timestamps, k, sample_len=40, stop_below=0.0,
                               options)
 
 
-@pytest.mark.parametrize("timestamps", [False, True])
-@pytest.mark.parametrize("k", [1, 3, 6])
-@pytest.mark.parametrize("draft_spec", ["layers:0", "layers:0,1"])
-@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("timestamps", fast_first([True, False]))
+@pytest.mark.parametrize("k", fast_first([3, 1, 6]))
+@pytest.mark.parametrize("draft_spec", fast_first(["layers:0", "layers:0,1"]))
+@pytest.mark.parametrize("int8", fast_first([False, True]))
 def test_speculative_greedy_equals_target_greedy_tiny(tiny_target, timestamps, k, draft_spec, int8):
     prompts = [p for p in PROMPTS if timestamps != (50363 in p)] * 2
     ref = _reference(tiny_target, prompts, timestamps)
@@ -186,6 +187,7 @@ def test_each_row_may_have_its_own_sample_len(tiny_target, k):
     assert any(len(full) > limit for full, limit in zip(longest, limits))  # some row was really cut
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 @pytest.mark.parametrize("k", [0, 3])
 def test_hints_are_free_drafts_and_never_change_the_output(tiny_target, k):
     """Streaming re-decodes verify the previous hypothesis first: right, half right or wrong hints,
@@ -225,6 +227,7 @@ def test_a_prefix_longer_than_sample_len_ends_the_row(tiny_target, k):
     assert out[1].tokens[:2] == prefixes[1] and len(out[1].tokens) <= 7
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 @pytest.mark.parametrize("k", [0, 3])
 def test_prompt_and_prefix_at_the_position_limit(tiny_target, k):
     """Prompt + prefix filling all 448 positions: at most the one token the last position predicts, then the

@@ -83,6 +83,7 @@ def _joined(task: DecodingTask, v, short: bool) -> tuple[dict[int, tuple], int]:
     return got, most
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 @pytest.mark.parametrize("k", [0, 3])
 @pytest.mark.parametrize("kind", ["eager", "eager-ragged-adaptive", "static"])
 def test_a_row_that_joins_gets_the_bits_it_gets_alone(tiny_target, draft, monkeypatch, kind, k):
@@ -125,6 +126,7 @@ def _noise(seconds: float, seed: int) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal(int(seconds * 16000)) * 0.1).astype(np.float32)
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_the_transcribers_windows_join_a_running_decode(short_target, monkeypatch):
     """Files of 1-3 windows at batch 3: windows join the decode between passes while other rows still run (counted
     by watching ``join``), every file's text is the text it gets alone, and ``before_step`` runs about once per

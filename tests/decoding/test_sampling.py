@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import fast_first
 from scipy.stats import chisquare
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
@@ -172,11 +173,12 @@ def test_the_same_seed_gives_the_same_tokens_at_any_draft_length():
     assert run(DRAFT, 3, seed=6) != alone
 
 
-@pytest.mark.parametrize("k,temperature", [(0, 1.0), (1, 1.0), (3, 1.0), (3, 0.7)])
+@pytest.mark.parametrize("k,temperature", fast_first([(3, 1.0), (0, 1.0), (1, 1.0), (3, 0.7)]))
 def test_speculative_sampling_matches_the_target_distribution(k, temperature):
     assert_exact(sampled(Sampler(temperature, seed=10 + k), k), exact_joint(temperature))
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_the_bonus_token_after_three_accepted_drafts_is_exact():
     """Four tokens at K = 3: the first pass can accept all three drafts and add the bonus token (the
     rules allow 5 text tokens and end-of-text, so every 4-token outcome is counted)."""
@@ -186,6 +188,7 @@ def test_the_bonus_token_after_three_accepted_drafts_is_exact():
     assert_exact(samples, exact_joint(1.0, FEW_RULES, length=4))
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_sampling_with_timestamp_rules_is_exact():
     """Timestamps on: the first token is a timestamp, then text, then text or a later timestamp."""
     samples = sampled(Sampler(1.0, seed=8), 2, rules=TS_RULES, prompt=TS_PROMPT, length=3)
@@ -193,6 +196,7 @@ def test_sampling_with_timestamp_rules_is_exact():
     assert_exact(samples, exact_joint(1.0, TS_RULES, TS_PROMPT, length=3))
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_adaptive_draft_length_keeps_sampling_exact():
     """Batches of 100: whether a pass drafts 1, 2 or 3 tokens depends on the draft's own proposals."""
     stats: list[RowStats] = []
@@ -202,6 +206,7 @@ def test_adaptive_draft_length_keeps_sampling_exact():
     assert_exact(samples, exact_joint(1.0))
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 @pytest.mark.parametrize("rest", [False, True])
 def test_a_reduced_vocabulary_draft_keeps_sampling_exact(rest):
     """The draft proposes among 18 of the 48 tokens (its own columns), and with ``rest`` a token outside them where
@@ -233,6 +238,7 @@ def test_a_shortlist_draft_proposes_the_words_it_lacks(static, monkeypatch):
         assert accepted[1] > 1.2 * accepted[0], accepted
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_hint_tokens_keep_sampling_exact():
     """A fixed guess (a streaming hypothesis) is verified first."""
     joint = exact_joint(1.0)
@@ -240,8 +246,8 @@ def test_hint_tokens_keep_sampling_exact():
     assert_exact(sampled(Sampler(1.0, seed=3), 3, hint=list(likely)), joint)
 
 
-@pytest.mark.parametrize("broken,temperature", [(AlwaysAccept, 1.0), (SameNoiseEverywhere, 1.0),
-                                                (IgnoresTemperature, 0.7)])
+@pytest.mark.parametrize("broken,temperature", fast_first([(AlwaysAccept, 1.0), (SameNoiseEverywhere, 1.0),
+                                                           (IgnoresTemperature, 0.7)]))
 def test_the_same_check_fails_when_a_rule_is_broken(broken, temperature):
     pvalue, impossible = check(sampled(broken(temperature, seed=99), 3), exact_joint(temperature))
     assert pvalue < FALSE_ALARM or impossible > 0

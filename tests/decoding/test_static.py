@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import fast_first
 
 from asr_spec.decoding import static
 from asr_spec.decoding.logits import LogitRules
@@ -55,7 +56,7 @@ def eager(target, draft, rows, k, **kw):
                          _requests(v, rows, kw.get("draft_memory", False)), _options(v, k, kw.get("timestamps", True))).run()]
 
 
-@pytest.mark.parametrize("k", [0, 1, 3])
+@pytest.mark.parametrize("k", fast_first([3, 0, 1]))
 def test_a_static_decode_gives_every_row_the_eager_loops_bits(tiny_target, draft, k):
     """8 rows of other prompts and lengths, rows leaving at different passes (compaction, buckets 8 -> 4 -> 2 -> 1):
     tokens, sum of log-probabilities and no-speech probability equal the eager loop's, with and without timestamps,
@@ -70,6 +71,7 @@ def test_a_static_decode_gives_every_row_the_eager_loops_bits(tiny_target, draft
         assert sum(g[3] for g in got) < sum(len(g[0]) for g in got)
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_batch_8_equals_batch_1_and_the_arena_is_reused_and_grows(tiny_target, draft):
     """Each row alone (an arena of one slot) and inside batches of 2..8 in any order: the same bits. Decodes of one
     shape reuse their arena; a bigger batch gets a bigger one."""

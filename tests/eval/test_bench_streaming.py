@@ -109,6 +109,7 @@ def test_words_an_offline_decode_invented_are_not_missing_from_a_stream():
     assert bench.missing_words(offline, "printing in the".split(), reference) == 2  # "only sense" dropped
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_cost_vs_offline_times_each_utterance_as_a_file(short_target):
     """The live cost is the engine's seconds per second of the sessions' audio (pauses included); the offline cost
     is spec's seconds per second of the utterances alone, each transcribed as a file — all of them, in order."""

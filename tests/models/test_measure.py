@@ -60,6 +60,7 @@ def test_measured_widths_are_kept_and_loaded(short_target, tmp_path, monkeypatch
     assert json.loads(kept.read_text())["seconds"]["8"]["spec"] == 1.5
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_the_measurement_decodes_the_sample_at_each_width(short_target):
     """Really measured: the bundled sample's window decoded target-only and speculatively at each width, and as a
     beam search."""

@@ -41,6 +41,7 @@ def _target_alone(target):
     return _ALONE[id(target)]
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 @pytest.mark.parametrize("kind", ["decoder-only", "full-whisper", "distilled-format"])
 def test_each_draft_kind_loads_and_decodes_exactly(tiny_target, tmp_path, kind):
     if kind == "full-whisper":  # its own encoder, another width
@@ -69,6 +70,7 @@ def test_each_draft_kind_loads_and_decodes_exactly(tiny_target, tmp_path, kind):
     assert sum(r.stats.drafted for r in spec) > 0
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_large_v3_and_distil_large_v3_layouts_load_from_local_folders_and_decode_exactly(tmp_path):
     """What GPU users run (--model ./whisper-large-v3 --draft ./distil-large-v3): a target in large-v3's layout (128
     mel bins, a 51866-token vocabulary with <|yue|>) and a decoder-only 2-layer draft of the same layout (tiny widths)
@@ -98,6 +100,7 @@ def test_large_v3_and_distil_large_v3_layouts_load_from_local_folders_and_decode
     (dict(num_mel_bins=128), "mel bins 128"),
     (dict(causal=True, tokenizer="swap"), "tokenizer differs"),
 ])
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_incompatible_drafts_fail_naming_the_mismatch(tiny_target, tmp_path, change, message):
     swap = change.pop("tokenizer", None)
     path = save_tiny(tmp_path / "bad", seed=3, **change)

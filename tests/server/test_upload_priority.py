@@ -7,6 +7,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 from asr_spec.server.files import FileWorker, Upload
 
 from asr_spec.recognizer import Checks
@@ -22,6 +23,7 @@ def _upload(seconds: float = 2.0) -> Upload:
     return Upload("transcribe", audio, "noise.wav", "whisper-1", "en", None, 0.0, "json", False)
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_an_upload_waits_while_live_streams_are_due(short_target):
     due = threading.Event()
     due.set()

@@ -29,6 +29,7 @@ def test_streams_nearly_due_join_a_batch_that_decodes_anyway(tiny_target):
         assert [engine.stream_stats(sid)["decodes"] for sid in (due, near, fresh)] == [1, together - 1, 0]
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_a_stream_end_to_end_is_exact_and_loses_nothing(tiny_target):
     """A stream driven through the engine on the tiny model without a draft, with one that drafts
     (``EngineConfig.draft``, the default) and with one the engine leaves to uploads (its hints only): every event

@@ -53,6 +53,7 @@ def _bits(results):
     return [(r.tokens, r.sum_logprob, r.no_speech_prob) for r in results]
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 @pytest.mark.parametrize("k", [0, 3])
 def test_padded_rows_get_the_same_bits_static_and_eager_alone_and_in_company(tiny_target, draft, k):
     """8 streams of other buffer lengths: the arena's bits are the eager loop's (a padded decode attends as the arena
@@ -67,6 +68,7 @@ def test_padded_rows_get_the_same_bits_static_and_eager_alone_and_in_company(tin
     assert len({len(t) for t, _, _ in arena}) > 3  # rows really left at different passes
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 def test_speculative_equals_target_only_and_hints_are_used_without_changing_the_text(tiny_target, draft):
     """Static and padded: the draft's proposals (K = 3) give the target's own tokens (K = 0); rows whose hint is
     their last text, half of it, or wrong get the same tokens, and a right hint is accepted (fewer passes)."""
@@ -108,6 +110,7 @@ def test_a_padded_decode_takes_the_arena_and_keeps_each_rows_own_cross_attention
     assert [r.tokens for r in plain] == [r.tokens for r in results]
 
 
+@pytest.mark.slow  # tiny models, but over a second: the whole suite runs it, the fast loop the quicker checks
 @pytest.mark.parametrize("window", ["stream", "full"])
 def test_a_stream_through_the_engine_is_exact_on_the_static_path(tiny_target, draft, monkeypatch, window):
     """ASR_SPEC_STATIC=on (what CUDA does by default): a stream's events are the same with a draft and without, and
