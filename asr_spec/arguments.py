@@ -34,8 +34,21 @@ def type_kwargs(annotation: Any) -> dict[str, Any]:
     return {}
 
 
-def add_options(parser: argparse.ArgumentParser, settings: type) -> None:
-    """One option per field of ``settings``, in the fields' order."""
+def add_options(parser: argparse.ArgumentParser, settings: type, environment: str = "") -> None:
+    """One option per field of ``settings``, in the fields' order. A pydantic settings class (``model_fields``, as
+    serve's) is read the same way, each option left out of the namespace unless given (the field's variable,
+    ``environment`` + its name in capitals, and its default apply) and its help naming both; a field's
+    ``json_schema_extra["argparse"]`` holds any other argparse keyword."""
+    if hasattr(settings, "model_fields"):
+        for name, f in settings.model_fields.items():
+            shown = "" if f.default in (None, "", 0, False) else f"; default {f.default}"
+            kw = type_kwargs(f.annotation) | {"default": argparse.SUPPRESS,
+                                              "help": f"{f.description} [{environment}{name.upper()}{shown}]"}
+            if f.annotation is bool and f.default:
+                kw["action"] = argparse.BooleanOptionalAction
+            kw |= (f.json_schema_extra or {}).get("argparse", {})
+            parser.add_argument("--" + name.replace("_", "-"), dest=name, **kw)
+        return
     hints = get_type_hints(settings)
     for f in fields(settings):
         if is_dataclass(hints[f.name]):

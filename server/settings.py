@@ -7,12 +7,13 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import fields as dataclass_fields
-from typing import TYPE_CHECKING, Literal, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Literal, get_type_hints
 
 from pydantic import Field, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from asr_spec.models.compute import COMPUTE_TYPES, amx
+from asr_spec.arguments import add_options
+from asr_spec.models.compute import amx
 from asr_spec.models.settings import COMPUTE_HELP, ModelSettings
 from asr_spec.streaming import MAX_STEP_S, STEP_S
 from asr_spec.streaming.policy import POLICIES, policy_named
@@ -96,7 +97,8 @@ class _ServeOptions(BaseSettings):
         "streams on a CPU). Never changes the text"))
     ray: str | None = Field(None, description=(
         "serve on Ray Serve (pip install 'asr_spec[ray]'): ADDRESS such as HOST:6379, or nothing for the cluster "
-        "RAY_ADDRESS names or one started here with 'ray start', else a new local one (docs/deploy.md)"))
+        "RAY_ADDRESS names or one started here with 'ray start', else a new local one (docs/deploy.md)"),
+        json_schema_extra={"argparse": {"nargs": "?", "const": "local", "metavar": "ADDRESS"}})
     replicas: int = Field(1, ge=1, description="with --ray: replicas, each with its own model and engine")
     min_replicas: int = Field(0, ge=0, description=(
         "with --ray: autoscale on active sessions between --min-replicas and --max-replicas (both needed)"))
@@ -187,7 +189,7 @@ def _model_fields() -> dict:
         description = SERVE_MODEL_HELP.get(f.name, f.metadata["help"]).replace(" (default %(default)s)", "")
         bounds = {"ge": 0} if hints[f.name] is int else {}
         out[name] = (hints[f.name], Field(SERVE_MODEL_DEFAULTS.get(f.name, f.default), description=description,
-                                          **bounds))
+                                          json_schema_extra={"argparse": f.metadata["kw"]}, **bounds))
     return out
 
 
@@ -198,21 +200,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """serve's options, one per setting: ``--max-sessions`` is ``max_sessions``, its environment variable
     ``ASR_SPEC_MAX_SESSIONS``. Options not given stay out of the namespace (the settings' environment and defaults
     apply); ``--api-key`` is the command line's alone."""
-    for name, field in ServeSettings.model_fields.items():
-        flag, env = "--" + name.replace("_", "-"), ENV_PREFIX + name.upper()
-        default = "" if field.default in (None, "", 0, False) else f"; default {field.default}"
-        kw: dict = {"default": argparse.SUPPRESS, "help": f"{field.description} [{env}{default}]"}
-        if field.annotation is bool:
-            kw["action"] = argparse.BooleanOptionalAction if field.default else "store_true"
-        elif name == "ray":
-            kw.update(nargs="?", const="local", metavar="ADDRESS")
-        elif name == "compute_type":
-            kw.update(choices=COMPUTE_TYPES, metavar="TYPE")
-        elif get_origin(field.annotation) is Literal:
-            kw["choices"] = get_args(field.annotation)
-        else:
-            kw["type"] = field.annotation if field.annotation in (int, float) else str
-        parser.add_argument(flag, **kw)
+    add_options(parser, ServeSettings, ENV_PREFIX)
     parser.add_argument("--api-key", default=argparse.SUPPRESS, help=(
         "require this bearer token (visible to local users in ps: prefer the ASR_SPEC_API_KEY environment variable "
         "or --api-key-file)"))
