@@ -14,7 +14,7 @@ USER asr
 WORKDIR /home/asr/asr_spec
 COPY --chown=asr:asr . .
 
-# The README's set-up command, verbatim (tests/test_dockerfile.py checks it). On a CPU image torch comes from
+# The README's set-up command, verbatim (tests/server/test_dockerfile.py checks it). On a CPU image torch comes from
 # PyTorch's CPU index (PyPI's Linux wheel is the CUDA build); the last step converts the embedded model into
 # ~/.cache/asr_spec and transcribes the bundled sample, so the container starts without converting anything. The
 # machine is measured (asr_spec/measure.py) where the container runs, not on the build machine: off during the build step.

@@ -77,12 +77,13 @@ def from_args(settings: type[T], args: argparse.Namespace) -> T:
     return settings(**values)
 
 
-def variant(settings: type[T], name: str, doc: str, defaults: dict[str, Any] | None = None,
+def variant(settings: type[T], name: str, doc: str, module: str, defaults: dict[str, Any] | None = None,
             flags: dict[str, str] | None = None, helps: dict[str, str] | None = None,
             only: tuple[str, ...] | None = None) -> type:
     """``settings`` with another default, flag or help for some of its options, each option's type and the rest of
     its declaration kept: one command's defaults of options every command shares (``mic``'s compute type). With
-    ``only``: a dataclass of those options alone (not a subclass: no methods)."""
+    ``only``: a dataclass of those options alone (not a subclass: no methods). ``module``: the module that names the
+    class ``name`` (``__name__`` there), so that its objects pickle."""
     defaults, flags, helps = defaults or {}, flags or {}, helps or {}
     names = {f.name for f in fields(settings)}
     unknown = (set(defaults) | set(flags) | set(helps) | set(only or ())) - names
@@ -99,5 +100,5 @@ def variant(settings: type[T], name: str, doc: str, defaults: dict[str, Any] | N
             specs.append((f.name, hints[f.name], field(default=defaults.get(f.name, f.default), metadata=meta)))
     bases = () if only is not None else (settings,)
     cls = make_dataclass(name, specs, bases=bases, frozen=True, kw_only=True)
-    cls.__doc__, cls.__module__ = doc, settings.__module__
+    cls.__doc__, cls.__module__ = doc, module
     return cls

@@ -169,6 +169,8 @@ class Server:
         return unauthorized()
 
     def _refused(self, conn: HTTPConnection) -> None:
+        if conn.scope["type"] == "http" and conn.url.path in PATHS:  # counted as the endpoints count their refusals
+            self.shared.metrics.uploads.labels("refused", str(HTTPStatus.UNAUTHORIZED.value)).inc()
         if conn.scope["type"] == "websocket":  # one warning line: a wrong key is the client's mistake
             log.warning("refused a WebSocket handshake on %s from %s: missing or wrong API key (401)", conn.url.path,
                         conn.client.host if conn.client else "an unknown address")

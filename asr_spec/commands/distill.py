@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 
 DistillModelSettings = variant(
     ModelSettings, "DistillModelSettings", "distill's model options: where and how the target labels the audio.",
-    only=("torch_device", "compute_type", "threads"),
-    helps={"torch_device": "where the target labels and the draft trains (cuda: a GPU)",
+    __name__, only=("torch_device", "compute_type", "threads"),
+    helps={"threads": "torch CPU threads (default: torch's choice)",
+           "torch_device": "where the target labels and the draft trains (cuda: a GPU)",
            "compute_type": "compute type of the target that labels the audio (the draft learns that target's tokens; "
                            "training itself runs in float32): " + ", ".join(COMPUTE_TYPES) + " (default %(default)s)"})
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 EvalModelSettings = variant(
     ModelSettings, "EvalModelSettings", "eval's model options: every system's model, device and threads; our systems' "
-    "draft, compute type and speculation (a system may name its own type: spec-int8).", only=(
+    "draft, compute type and speculation (a system may name its own type: spec-int8).", __name__, only=(
         "model", "draft", "torch_device", "compute_type", "threads", "speculation"),
     helps={"threads": "threads for every system (default: torch's)",
            "compute_type": "our systems' compute type where their name gives none (spec-int8 names its own): "

@@ -91,7 +91,7 @@ def stream(settings: StreamSettings) -> int:
 
 
 MicModelSettings = variant(ModelSettings, "MicModelSettings", "mic's model options: --device is the microphone, and "
-                           "the compute type puts latency first.", defaults={"compute_type": "auto"},
+                           "the compute type puts latency first.", __name__, defaults={"compute_type": "auto"},
                            flags={"torch_device": "--torch-device"})
 
 

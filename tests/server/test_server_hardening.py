@@ -448,3 +448,6 @@ def test_every_route_but_the_declared_public_ones_refuses_a_request_without_the_
             assert status != 401, f"{method} {path} with the key: {status}"
             checked["http"] += 1
     assert checked["websocket"] == 2 and checked["http"] >= 4 and checked["public"] >= 5, checked
+    metrics = http_request(server, "GET", "/metrics", AUTH)[2].decode()
+    refused = re.search(r'^asr_spec_uploads_total\{outcome="refused",status="401"\} (\S+)$', metrics, re.M)
+    assert refused and float(refused.group(1)) >= 4, "the uploads refused for their key are not counted"

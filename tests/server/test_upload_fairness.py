@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import soundfile as sf
+from server_proc import free_port, wait_serving
 
 from asr_spec.audio import SAMPLE, load_audio
-from tests.server_proc import free_port, wait_serving
 
 JFK = "ask not what your country can do for you, ask what you can do for your country"
 LONG_S = 59 * 60
