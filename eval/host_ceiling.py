@@ -5,7 +5,7 @@
 
 A small model serves N streams of dev speech in-process, fed 0.5 s at a time as fast as the engine takes them (no
 pacing, no server), with serve's compute type and engine settings (batch, load step): by default a tiny random Whisper
-(asr_spec.models.tiny: 2 decoder layers of width 32, no draft, which never ends a text: ~100 passes a window);
+(asr_spec.evaluation.tiny: 2 decoder layers of width 32, no draft, which never ends a text: ~100 passes a window);
 ``--model tiny.en`` the real whisper-tiny.en from its PyPI package (it ends its texts, as real streams do), with
 ``--draft layers:0`` an untrained one-layer draft. Each row also counts the torch operations the engine issues per
 step and per stream-step (``OpCount``: a static decode's pass or prefill counts one — a CUDA graph's replay; on a
@@ -27,8 +27,8 @@ from asr_spec.server.settings import ServeSettings
 
 from asr_spec.evaluation.harness import add_data_args, data, write_results
 from asr_spec.evaluation.streaming import OpCount, feed_unpaced
+from asr_spec.evaluation.tiny import save_tiny
 from asr_spec.models.loader import load_draft, load_target
-from asr_spec.models.tiny import save_tiny
 from asr_spec.recognizer import Recognizer
 from asr_spec.streaming.engine import Engine
 

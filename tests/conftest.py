@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from asr_spec.evaluation.tiny import save_tiny
 from asr_spec.models.loader import load_target
 from asr_spec.models.sources import embedded_dir
-from asr_spec.models.tiny import save_tiny
 
 # what a machine has not measured (auto's type, where the draft pays) is guessed, never measured in the background:
 # a measurement finishing mid-suite would change what later tests load (tests of the measurement enable it)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from asr_spec.evaluation.tiny import save_tiny
 from asr_spec.models.network import Config, Network, load_network, save_network
-from asr_spec.models.tiny import save_tiny
 
 
 def test_a_directory_we_write_loads_in_transformers_with_the_same_weights(tiny_dir, tmp_path):

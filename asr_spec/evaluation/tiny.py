@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditionalGeneration
 
-from .sources import _package_data
-from .vocab import WhisperTokenizer, generation_config_for
+from ..models.sources import _package_data
+from ..models.vocab import WhisperTokenizer, generation_config_for
 
 
 def tiny_config(**over) -> WhisperConfig:
