@@ -12,20 +12,26 @@ again), and the decoding thread's pool is the process's only one.
 from __future__ import annotations
 
 import ctypes
+import os
 
 _OMP_PAUSE_SOFT = 1
 _runtime: list[ctypes.CDLL] = []  # libgomp as torch loaded it, once found
 
 
 def _libgomp() -> ctypes.CDLL | None:
-    """The libgomp this process runs (read from /proc/self/maps: Linux), when it has OpenMP 5.0's pause."""
+    """The libgomp torch runs (read from /proc/self/maps: Linux), when it has OpenMP 5.0's pause. Other wheels bundle
+    a libgomp of their own (CTranslate2's, pywhispercpp's), loaded beside torch's: pausing one of those would leave
+    torch's workers running, so torch's own folder comes first."""
     if not _runtime:
         try:
             with open("/proc/self/maps") as maps:
-                paths = sorted({line.split(maxsplit=5)[-1].strip() for line in maps if "libgomp" in line})
+                paths = {line.split(maxsplit=5)[-1].strip() for line in maps if "libgomp" in line}
         except OSError:
             return None
-        for path in paths:
+        import torch
+
+        torch_dir = os.path.dirname(torch.__file__) + os.sep
+        for path in sorted(paths, key=lambda p: (not p.startswith(torch_dir), p)):
             try:
                 lib = ctypes.CDLL(path)  # loaded already: the same library torch runs
                 lib.omp_pause_resource_all.argtypes = [ctypes.c_int]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -52,7 +54,10 @@ def test_a_thread_that_releases_its_pool_keeps_no_workers():
         pool = native_threads() - base
         seen["pool"] = len(pool)
         release_pool()
-        seen["after"] = len(pool & native_threads())  # its workers gone (other libraries may start threads)
+        deadline = time.monotonic() + 5  # threads take a moment to end
+        while (left := pool & native_threads()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        seen["after"] = len(left)  # its workers gone (other libraries may start threads)
         parallel_work()  # a released thread gets workers again when it needs them
         seen["again"] = len(native_threads() - base - pool)
 
@@ -60,6 +65,28 @@ def test_a_thread_that_releases_its_pool_keeps_no_workers():
     thread.start()
     thread.join(60)
     assert seen == {"found": True, "pool": 1, "after": 0, "again": 1}
+
+
+@pytest.mark.slow  # a subprocess
+def test_torch_s_pool_is_the_one_released_beside_other_wheels_libgomp():
+    """pywhispercpp and CTranslate2 bundle a libgomp of their own, loaded beside torch's (and listed before it):
+    releasing must pause torch's, or its workers run on (a suite that had run a peer first saw every release fail)."""
+    code = (
+        "import os, threading, time, torch\n"
+        "import pywhispercpp.model  # its own libgomp, loaded first\n"
+        "from asr_spec.threads import release_pool\n"
+        "torch.set_num_threads(2)\n"
+        "native = lambda: {int(t) for t in os.listdir('/proc/self/task')} - {t.native_id for t in threading.enumerate()}\n"
+        "seen = {}\n"
+        "def work():\n"
+        "    release_pool(); base = native(); torch.ones(1 << 22).add_(1); pool = native() - base\n"
+        "    release_pool(); deadline = time.monotonic() + 5\n"
+        "    while pool & native() and time.monotonic() < deadline: time.sleep(0.02)\n"
+        "    seen.update(pool=len(pool), after=len(pool & native()))\n"
+        "t = threading.Thread(target=work); t.start(); t.join(60); print(seen)\n")
+    maps = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert maps.returncode == 0, maps.stderr[-2000:]
+    assert maps.stdout.strip().splitlines()[-1] == "{'pool': 1, 'after': 0}", maps.stdout + maps.stderr[-2000:]
 
 
 @pytest.mark.slow
