@@ -11,7 +11,6 @@ from enum import Enum, StrEnum
 import torch
 
 from .decoding.beam import BeamOptions, beam_search
-from .decoding.budget import PassClock
 from .decoding.costs import BatchCosts
 from .decoding.logits import LogitRules
 from .decoding.rows import DecodeOptions, Decoders, RowRequest, RowResult
@@ -89,7 +88,6 @@ class Recognizer:
         self.target, self.draft = target, draft
         self.vocab = target.vocab
         self.costs = BatchCosts()  # what passes cost on this machine, by batch width, learnt while decoding
-        self.clock: PassClock | None = None  # set to time every pass's phases (eval/pass_budget.py)
         self.encoder_calls = 0  # target-encoder forwards (a batch of windows or of streams' tails counts once)
         self.decoder_passes = 0  # target passes of the decodes (a pass over a batch counts once)
 
@@ -179,7 +177,7 @@ class Recognizer:
         options = DecodeOptions(LogitRules.whisper(self.vocab, timestamps), self.vocab.eot, self.vocab.no_speech,
                                 Sampler(temperature, seed), k, draft_stop, keep_cross, attention_heads,
                                 static)
-        return open_decode(Decoders(self.target.decoder, draft, self.costs if adaptive_k else None, self.clock),
+        return open_decode(Decoders(self.target.decoder, draft, self.costs if adaptive_k else None),
                            memories, requests, options, cross, room)
 
     def needs_fallback(self, r: RowResult, o: Checks) -> bool:

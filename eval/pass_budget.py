@@ -6,7 +6,7 @@ Whisper's logit rules, acceptance, host reads, bookkeeping), at each compute typ
                                [--device cuda] [--dev DIR | --manifest FILE] [--out FILE.json]
 
 Decodes the first ``--files`` dev (or ``--manifest``) utterances (English, timestamps, Whisper's window loop) with a
-``PassClock`` on the recognizer. On a GPU every phase waits for the device at its end (attribution, not speed).
+``PassClock`` set around them (``budget.timing``). On a GPU every phase waits for the device at its end (attribution, not speed).
 ``decode s`` is the clocked decode; ``pass`` the mean wall time of a pass; ``loop`` everything but the decoders'
 forwards.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from asr_spec.decoding.budget import PHASES, PassClock
+from asr_spec.decoding.budget import PHASES, PassClock, timing
 from asr_spec.evaluation.harness import add_data_args, data, write_results
 from asr_spec.models.loader import default_draft, load_draft, load_target
 from asr_spec.transcribe import TranscribeOptions, Transcriber
@@ -34,9 +34,8 @@ def budget(tr: Transcriber, audios: list, system: str, k: int, batch: int, devic
         return list(tr.transcribe_many([(i, lambda a=a: a) for i, a in enumerate(audios)], options, batch, use_draft))
 
     tr.transcribe(audios[0], options, use_draft)  # warm-up (first calls, the draft-length chooser's first tries)
-    tr.clock = clock = PassClock(torch.device(device))
-    results = run()
-    tr.clock = None
+    with timing(PassClock(torch.device(device))) as clock:
+        results = run()
     decode_s = sum(t.stats.decode_seconds for _, t in results)
     per = clock.table()
     forwards = per["target"] + per["draft"]

@@ -5,22 +5,21 @@ from __future__ import annotations
 
 import torch
 
-from .budget import PassClock, phase
+from .budget import phase
 from .logits import RuleState
 from .rows import DecodeOptions
 
 
 def judge(logits: torch.Tensor, drafts: torch.Tensor, state: RuleState, o: DecodeOptions,
-          noise: torch.Tensor | None = None, clock: PassClock | None = None
-          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+          noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The target's logits [m, kk + 1, V] at the last token and after each of the kk ``drafts`` [m, kk]: per row the
     drafts accepted [m], the kk + 1 tokens it would emit (accepted drafts, then the target's own) and their
     log-probabilities (after Whisper's rules, each position with its own history: ``state`` and the drafts before)."""
     m, kk = drafts.shape
-    with phase(clock, "rules"):
+    with phase("rules"):
         states = state.after(drafts, o.rules.begin)  # position j: the row's history + drafts[:j]
         logits = o.rules(logits.reshape(m * (kk + 1), -1), states).view(m, kk + 1, -1)
-    with phase(clock, "acceptance"):
+    with phase("acceptance"):
         accepted, nxt = o.sampler.verify(logits, drafts, noise)
         emitted = torch.cat([drafts, drafts.new_zeros(m, 1)], dim=1).scatter_(1, accepted[:, None], nxt[:, None])
         token_lp = torch.log_softmax(logits, dim=-1).gather(2, emitted[:, :, None])[:, :, 0]

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..models.kv_decoder import CachedDecoder
-from .budget import PassClock, phase
+from .budget import phase
 from .judging import advance, judge
 from .rows import DecodeOptions
 from .slots import Slots
@@ -56,7 +56,7 @@ class PassRead:
 
 def draft(decoder: CachedDecoder, s: Slots, k: int, o: DecodeOptions, catch_up: int, fixed: bool,
           noise: Noise | None = None, stop: Callable[[torch.Tensor], bool] | None = None,
-          clock: PassClock | None = None, forced: tuple[torch.Tensor, torch.Tensor] | None = None
+          forced: tuple[torch.Tensor, torch.Tensor] | None = None
           ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
     """Up to ``k`` draft tokens per row [b, kk], chosen as the target chooses (the same rules, the same noise). The
     draft first feeds each row's last ``catch_up`` tokens (the positions its cache lacks; a row with a shorter gap
@@ -71,13 +71,13 @@ def draft(decoder: CachedDecoder, s: Slots, k: int, o: DecodeOptions, catch_up: 
     cols, state, rest = decoder.columns, s.rule_state(), decoder.rest_ids is not None
     proposals, noises = [], []
     for j in range(k):
-        with phase(clock, "draft"):
+        with phase("draft"):
             logits, hidden = decoder(s.draft, feed, fpos, at, shortlist=True, fixed=fixed, hidden=True)
-        with phase(clock, "rules"):
+        with phase("rules"):
             processed = o.rules(logits[:, 0].float(), state, cols)
         nz = noise(j) if noise is not None else None
         noises.append(nz)
-        with phase(clock, "acceptance"):
+        with phase("acceptance"):
             c = o.sampler.choose(processed, nz if nz is None or cols.ids is None else nz[:, cols.ids])
             x = c if cols.ids is None else cols.ids[c]
             belief = torch.softmax(processed, dim=-1).gather(1, c[:, None])[:, 0] if rest or stop is not None else None
@@ -108,8 +108,7 @@ def outside_shortlist(decoder: CachedDecoder, hidden: torch.Tensor, processed: t
 
 def verify(target: CachedDecoder, s: Slots, proposals: torch.Tensor, o: DecodeOptions,
            noise: torch.Tensor | None = None, live: torch.Tensor | None = None,
-           scores: dict[int, Sequence[int] | torch.Tensor] | None = None, clock: PassClock | None = None
-           ) -> torch.Tensor:
+           scores: dict[int, Sequence[int] | torch.Tensor] | None = None) -> torch.Tensor:
     """The target over each row's last token and its ``proposals`` [b, kk]; acceptance; each row's advance over
     the tokens it takes, written in place into ``s`` (``live``: only the rows where it is True move; the others'
     writes land past their length, stale). ``noise`` [b, kk + 1, V]: the sampler's, at each position. ``scores``:
@@ -118,11 +117,11 @@ def verify(target: CachedDecoder, s: Slots, proposals: torch.Tensor, o: DecodeOp
     kk = proposals.shape[1]
     steps = torch.arange(kk + 1, device=s.n.device)
     feed = torch.cat([s.seq.gather(1, (s.n - 1)[:, None]), proposals], dim=1)
-    with phase(clock, "target"):
+    with phase("target"):
         logits = target(s.target, feed, (s.n - 1)[:, None] + steps, cross_scores=scores)
     no_speech = torch.softmax(logits[:, 0].float(), dim=-1)[:, o.no_speech]
     state = s.rule_state()
-    accepted, emitted, token_lp = judge(logits, proposals, state, o, noise, clock)
+    accepted, emitted, token_lp = judge(logits, proposals, state, o, noise)
     cut, ended, new, n = advance(s.seq, s.n, state, s.sample_len, target.max_positions, accepted, emitted, o)
     s.n.copy_(n if live is None else torch.where(live, n, s.n))
     s.set_rules(new, live)
@@ -131,14 +130,14 @@ def verify(target: CachedDecoder, s: Slots, proposals: torch.Tensor, o: DecodeOp
 
 def prefill(target: CachedDecoder, drafter: CachedDecoder | None, s: Slots, width: int, sot_at: torch.Tensor,
             o: DecodeOptions, fixed: bool, scores: dict[int, Sequence[int] | torch.Tensor] | None = None,
-            clock: PassClock | None = None, scores_from: int = 0) -> torch.Tensor:
+            scores_from: int = 0) -> torch.Tensor:
     """Both decoders over each row's first ``width`` tokens (``drafter`` None: the draft catches up in its first
     pass instead); returns each row's no-speech probability at its ``sot_at`` (``sot_at`` [b, 1]; returned [b]). Positions past a row's
     prompt get stale entries, which its passes overwrite before reading them. ``scores``, ``scores_from``: the
     recorded heads' cross-attention scores, as ``CachedDecoder``'s ``cross_scores`` and ``scores_from``."""
     b = s.n.shape[0]
     pos = torch.arange(width, device=s.n.device).expand(b, width)
-    with phase(clock, "prefill"):
+    with phase("prefill"):
         first = target(s.target, s.seq[:, :width], pos, sot_at, cross_scores=scores, scores_from=scores_from)
         if drafter is not None:
             drafter(s.draft, s.seq[:, :width], pos, pos[:, :1], shortlist=True, fixed=fixed)

@@ -8,7 +8,6 @@ from typing import Callable
 import torch
 
 from ..models.kv_decoder import CachedDecoder, CrossKV
-from .budget import PassClock
 from .costs import CostModel
 from .logits import LogitRules
 from .sampling import GREEDY, Sampler
@@ -101,7 +100,6 @@ class Decoders:
     target: CachedDecoder
     draft: CachedDecoder | None = None
     costs: Callable[[int], CostModel] | None = None  # the measured costs of a pass over n rows (None: always k)
-    clock: PassClock | None = None  # times each phase of every pass (eval/pass_budget.py)
 
     def k(self, options: DecodeOptions) -> int:
         """The drafted tokens per pass a decode with ``options`` runs: its K with a draft, 0 without one (the one

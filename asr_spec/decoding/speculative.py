@@ -19,7 +19,7 @@ import torch
 from ..models.kv_decoder import CrossKV, KVCache, length_mask
 from ..models.pair import Pair
 from . import passes
-from .budget import phase
+from .budget import end_pass, phase, start_pass
 from .costs import CostModel, wall_clock
 from .joining import JoinRows
 from .passes import PassRead
@@ -71,7 +71,7 @@ class DecodingTask(JoinRows):
                  options: DecodeOptions, cross: Pair[CrossKV | None] = Pair(None), room: int = 0,
                  slots: Slots | None = None):
         o = self.o = options
-        self.decoders, self.target, self.clock = decoders, decoders.target, decoders.clock
+        self.decoders, self.target = decoders, decoders.target
         self.k = decoders.k(o)
         self.draft = decoders.draft if self.k > 0 else None
         self.costs = decoders.costs if self.draft is not None else None
@@ -148,15 +148,14 @@ class DecodingTask(JoinRows):
         now = wall_clock(self.dev)
         started = now() if self.costs is not None else 0.0
         self.built = 0.0
-        t0, m = (self.clock.start_pass() if self.clock else 0.0), len(self.live)
+        t0, m = start_pass(), len(self.live)
         costs = self.costs(m) if self.costs is not None else None
         proposals, noise, chosen, hinted = self.propose(costs)
         reads = self.verify(proposals, noise)
         tokens = self.book(reads, hinted, chosen or 0, proposals.shape[1])
         if costs is not None and chosen is not None and not any(hinted):  # a pass's cost, not the decode's setup
             costs.record(chosen, tokens, now() - started - self.built)
-        if self.clock:
-            self.clock.end_pass(t0, m, round(tokens * m))
+        end_pass(t0, m, round(tokens * m))
 
     def collect(self) -> list[tuple[int, RowResult]]:
         """The requests that finished since the last call and their results (which the decode then forgets: one
@@ -185,7 +184,7 @@ class DecodingTask(JoinRows):
         recorded = [range(len(r.request.prompt) - 1, r.length - 1) for r in self.live]  # each row's prefix
         start = min(min(w.start for w in recorded), width - 1)  # the prompts' queries before it are not recorded
         no_speech = passes.prefill(self.target, None, self.view(), width, at, self.o, fixed=False, scores=scores,
-                                   clock=self.clock, scores_from=start)
+                                   scores_from=start)
         self.recorder.record(scores, [r.index for r in self.live], recorded, start)
         for r, p in zip(self.live, no_speech.tolist()):
             r.no_speech_prob = p
@@ -234,11 +233,11 @@ class DecodingTask(JoinRows):
             self.built = now() - t0
         catch_up = max(r.length - r.drafted_to for r in self.live)
         return passes.draft(self.draft, self.view(), k, self.o, catch_up, fixed=False, noise=self.noise,
-                            stop=self._stop if self.o.stop_below > 0 else None, clock=self.clock, forced=forced)
+                            stop=self._stop if self.o.stop_below > 0 else None, forced=forced)
 
     def _stop(self, belief: torch.Tensor) -> bool:
         """The draft stops proposing once it believes every live row's proposal less than ``stop_below``."""
-        with phase(self.clock, "host"):
+        with phase("host"):
             return bool((belief < self.o.stop_below).all())
 
     def build_draft_cache(self) -> None:
@@ -248,7 +247,7 @@ class DecodingTask(JoinRows):
         rows = torch.tensor([r.index for r in self.live], dtype=torch.long, device=memory.device)
         cross = None if self.d_cross is None else \
             self.d_cross.map(lambda t: t[:, :, :memory.shape[1]].index_select(0, rows))
-        with phase(self.clock, "draft"):
+        with phase("draft"):
             self.slots.draft = self.draft.new_cache(memory.index_select(0, rows), self.capacity,
                                                     [lengths[r.index] for r in self.live] if lengths else None,
                                                     cross).grown(self.slots.size)
@@ -258,11 +257,11 @@ class DecodingTask(JoinRows):
         kk = proposals.shape[1]
         scores = self.recorder.scores()
         read = passes.verify(self.target, self.view(), proposals, self.o,
-                             None if noise[0] is None else torch.stack(noise, 1), scores=scores, clock=self.clock)
+                             None if noise[0] is None else torch.stack(noise, 1), scores=scores)
         # rejected positions are recorded again when the pass after feeds them
         self.recorder.record(scores, [r.index for r in self.live], [range(r.length - 1, r.length + kk) for r in self.live],
                              None)
-        with phase(self.clock, "host"):
+        with phase("host"):
             values = read.tolist()
         return [PassRead(v, kk + 1) for v in values]
 

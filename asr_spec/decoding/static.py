@@ -35,7 +35,7 @@ import torch
 
 from ..models.kv_decoder import CachedDecoder, CrossKV, length_mask
 from ..models.pair import Pair
-from . import passes
+from . import budget, passes
 from .passes import PassRead
 from .rows import DecodeOptions, Decoders, RowRequest, RowResult
 from .slots import Slots
@@ -43,9 +43,7 @@ from .speculative import DecodingTask, decode_capacity
 
 _ARENAS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target decoder -> {key: Arena}
 _LOOKUP = threading.Lock()
-_RUNS = [0]  # passes and prefills every arena has run (replayed as one CUDA graph each on CUDA)
 _INSIDE = threading.local()  # ``.depth`` > 0 while this thread runs an arena's pass or prefill
-_OPENED = {"static": 0, "eager": 0}  # decodes that asked to be static (``DecodeOptions.static``), by how they ran
 
 
 def arenas(decoder) -> dict:
@@ -56,19 +54,12 @@ def arenas(decoder) -> dict:
 def forget_arenas() -> None:
     """Drop every kept arena (the next static decode builds its own)."""
     _ARENAS.clear()
+# what ``budget.counting`` tallies: an arena's pass or prefill (on CUDA one graph replay: eval's operation counts count
+# one operation for each, and, on a CPU, none for the operations inside it: what a GPU would launch), and the decodes
+# that asked to be static by how they ran (eager: sampling fallbacks, recorded heads, an arena busy with another
+# thread's decode, or ``ASR_SPEC_STATIC`` off)
+RUN, STATIC, EAGER = "arena runs", "static decodes", "eager decodes"
 CATCH_UP = 2  # tokens the draft feeds before proposing in a static pass: at most two are new after any pass
-
-
-def runs() -> int:
-    """Passes and prefills run so far by every arena: on CUDA each is one graph replay (eval's operation counts count
-    one operation for each, and, on a CPU, none for the operations inside it: what a GPU would launch)."""
-    return _RUNS[0]
-
-
-def opened() -> dict[str, int]:
-    """Decodes so far that asked to be static, by how they ran: ``static``, or ``eager`` (sampling fallbacks,
-    recorded heads, an arena busy with another thread's decode, or ``ASR_SPEC_STATIC`` off)."""
-    return dict(_OPENED)
 
 
 def inside() -> bool:
@@ -92,7 +83,7 @@ def wanted(device: torch.device) -> bool:
 def eligible(decoders: Decoders, memories: Pair[torch.Tensor], requests: list[RowRequest], o: DecodeOptions) -> bool:
     """Whether this decode can be static: asked to (``DecodeOptions.static``), greedy, no recorded heads."""
     return o.static and wanted(decoders.target.device) and o.sampler.greedy and not o.attention_heads \
-        and decoders.clock is None
+        and not budget.timed()
 
 
 def padded(requests: list[RowRequest]) -> bool:
@@ -201,7 +192,7 @@ class Arena:
         self.m.fill_(m)
         if self.m.is_cuda:
             self.graphs[(b,)].replay()
-            _RUNS[0] += 1
+            budget.count(RUN)
         else:
             _counted(lambda: self._pass(b))
         return self.out[:m].tolist()
@@ -229,7 +220,7 @@ class Arena:
             self.graphs[key] = capture(work)
         if len(key) == 2:
             self.graphs[key].replay()
-            _RUNS[0] += 1
+            budget.count(RUN)
 
 
 def _counted(work: Callable[[], object]) -> None:
@@ -239,7 +230,7 @@ def _counted(work: Callable[[], object]) -> None:
         work()
     finally:
         _INSIDE.depth -= 1
-    _RUNS[0] += 1
+    budget.count(RUN)
 
 
 def arena_for(decoders: Decoders, k: int, o: DecodeOptions, b: int, memories: Pair[torch.Tensor],
@@ -329,13 +320,13 @@ def open_decode(decoders: Decoders, memories: Pair[torch.Tensor], requests: list
             try:
                 task = StaticDecodingTask(decoders, memories, requests, options, cross, arena)
                 task.owns_lock = True
-                _OPENED["static"] += 1
+                budget.count(STATIC)
                 return task
             except BaseException:
                 arena.lock.release()
                 raise
     if options.static:
-        _OPENED["eager"] += 1
+        budget.count(EAGER)
     return DecodingTask(decoders, memories, requests, options, cross, room)
 
 

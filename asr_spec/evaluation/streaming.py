@@ -33,6 +33,8 @@ from asr_spec.server.settings import ServeSettings
 
 from ..alignment import Word
 from ..audio import SAMPLE_RATE
+from ..decoding.budget import Tally
+from ..decoding.static import EAGER, RUN, STATIC, inside
 from ..recognizer import Recognizer
 from ..streaming.engine import Engine
 from ..transcribe import TranscribeOptions, Transcriber
@@ -208,7 +210,7 @@ class EngineProbe:
 class OpCount:
     """The torch operations the engine issues per step, counted on any machine: every ``every``-th call of
     ``engine.step`` (wrapped, as :class:`EngineProbe` wraps it) runs under a dispatch-mode counter (each operation
-    the host dispatches counts one; a static decode's pass or prefill counts one, ``decoding.static.runs``: on CUDA
+    the host dispatches counts one; a static decode's pass or prefill counts one, ``decoding.static.RUN`` in a ``budget.Tally``: on CUDA
     it is one graph replay, on a CPU its operations run but are not counted — what a GPU would launch). What those steps
     decoded: ``ticks``, ``rows`` (stream-steps), ``ops``. The counter slows the counted steps (a Python call per
     operation), so only a sample of them is counted."""
@@ -216,7 +218,6 @@ class OpCount:
     def __init__(self, engine: Engine, every: int = 10):
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        from ..decoding.static import inside, opened, runs
 
         class Counter(TorchDispatchMode):
             ops = 0
@@ -226,20 +227,21 @@ class OpCount:
                 return func(*args, **(kwargs or {}))
 
         self.ticks = self.rows = self.ops = 0
-        self.engine, self.opened, self.since = engine, opened, (engine.ticks, opened())
+        tally = Tally().open()  # open while the engine runs
+        self.engine, self.tally, self.since = engine, tally, engine.ticks
         calls, step = [0], engine.step
 
         def counted():
             calls[0] += 1
             if calls[0] % every:
                 return step()
-            ticks, decodes, graphs, Counter.ops = engine.ticks, engine.decodes, runs(), 0
+            ticks, decodes, graphs, Counter.ops = engine.ticks, engine.decodes, tally[RUN], 0
             with Counter():
                 out = step()
             if engine.ticks > ticks:
                 self.ticks += 1
                 self.rows += engine.decodes - decodes
-                self.ops += Counter.ops + runs() - graphs
+                self.ops += Counter.ops + tally[RUN] - graphs
             return out
 
         engine.step = counted
@@ -247,8 +249,8 @@ class OpCount:
     def figures(self) -> dict[str, float | None]:
         """Operations per tick and per stream-step (the counted steps), and every tick's decodes by how they ran
         (``static``, or ``eager``: what stays in the eager loop, e.g. sampling fallbacks)."""
-        ticks, now = self.engine.ticks - self.since[0], self.opened()
-        per_tick = {k: round((now[k] - self.since[1][k]) / ticks, 2) if ticks else None for k in now}
+        ticks = self.engine.ticks - self.since
+        per_tick = {k: round(self.tally[e] / ticks, 2) if ticks else None for k, e in (("static", STATIC), ("eager", EAGER))}
         return {"ops_per_tick": round(self.ops / self.ticks, 1) if self.ticks else None,
                 "ops_per_stream_step": round(self.ops / self.rows, 1) if self.rows else None,
                 "ops_ticks_counted": self.ticks, "static_decodes_per_tick": per_tick["static"],

@@ -28,6 +28,7 @@ from asr_spec.server.settings import ServeSettings
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from asr_spec.decoding import speculative, static
+from asr_spec.decoding.budget import Tally
 from asr_spec.evaluation.harness import add_data_args, data
 from asr_spec.evaluation.streaming import feed_unpaced
 from asr_spec.models.loader import ModelOptions, load
@@ -37,6 +38,7 @@ from asr_spec.streaming import encoding, intake
 from asr_spec.streaming.engine import Engine
 
 REST = "the rest (the tick itself)"
+_runs = Tally().open()  # static decodes' arena runs while the script runs
 _inside: list[list] = []  # the timed parts running now, innermost last: [key, static runs at entry, nested runs]
 _ops: dict[str, int] = {}  # torch operations dispatched per part (its own, not its nested parts'), with --ops
 
@@ -51,14 +53,14 @@ def timed(owner, name: str, key: str, totals: dict[str, float], device: str) -> 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         t0 = time.perf_counter()
-        _inside.append([key, static.runs(), 0])
+        _inside.append([key, _runs[static.RUN], 0])
         try:
             return fn(*args, **kwargs)
         finally:
             sync()
             totals[key] = totals.get(key, 0.0) + time.perf_counter() - t0
             _, runs0, nested = _inside.pop()
-            runs = static.runs() - runs0
+            runs = _runs[static.RUN] - runs0
             _ops[key] = _ops.get(key, 0) + runs - nested
             if _inside:
                 _inside[-1][2] += runs

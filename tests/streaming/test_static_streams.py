@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from asr_spec.decoding import static
+from asr_spec.decoding.budget import Tally
 from asr_spec.decoding.logits import LogitRules
 from asr_spec.decoding.rows import DecodeOptions, Decoders, RowRequest
 from asr_spec.decoding.speculative import DecodingTask
@@ -130,11 +131,11 @@ def test_a_stream_through_the_engine_is_exact_on_the_static_path(tiny_target, dr
         return [(e.type, e.text, round(e.start, 3), round(e.end, 3)) for e in
                 stream_audio(engine, audio, StreamConfig(vad=False), chunk_s=0.3)]
 
-    before = static.runs()
-    speculative = events(True)
-    assert static.runs() - before >= 10  # passes and prefills run in arenas
+    with Tally() as tally:
+        speculative = events(True)
+    assert tally[static.RUN] >= 10  # passes and prefills run in arenas
     assert speculative == events(False)
     monkeypatch.setattr(static, "eligible", lambda *a: False)
-    before = static.runs()
-    assert events(True) == speculative
-    assert static.runs() == before
+    with Tally() as tally:
+        assert events(True) == speculative
+    assert tally[static.RUN] == 0 and tally[static.EAGER] > 0
