@@ -28,9 +28,7 @@ import torch
 from asr_spec.clients.stream import connect_session
 from asr_spec.server.config import ServerConfig
 from asr_spec.server.settings import ServeSettings
-
-from asr_spec.evaluation.harness import add_data_args, data, write_results
-from asr_spec.evaluation.streaming import (
+from benchkit.streaming import (
     Log,
     missing_words,
     pct,
@@ -40,6 +38,8 @@ from asr_spec.evaluation.streaming import (
     timed_words,
     word_latencies,
 )
+
+from asr_spec.evaluation.harness import add_data_args, data, write_results
 from asr_spec.models.loader import ModelOptions, load
 from asr_spec.streaming.config import StreamConfig
 from asr_spec.streaming.policy import policy_named

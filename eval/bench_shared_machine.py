@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 from asr_spec.clients.stream import connect_session, stream_file
+from benchkit.streaming import timed_words, word_latencies
 
 from asr_spec.audio import SAMPLE, load_audio
 from asr_spec.evaluation.harness import served, write_results
-from asr_spec.evaluation.streaming import timed_words, word_latencies
 from asr_spec.measure import LOCK
 from asr_spec.models.cache import locked
 from asr_spec.models.loader import ModelOptions, load

@@ -40,12 +40,7 @@ from typing import Callable
 import torch
 from asr_spec.server.config import ServerConfig
 from asr_spec.server.settings import ServeSettings
-
-from asr_spec import streaming
-from asr_spec.evaluation.data import DataSet, Session
-from asr_spec.evaluation.harness import add_data_args, data, longform, write_results
-from asr_spec.evaluation.metrics import wer
-from asr_spec.evaluation.streaming import (
+from benchkit.streaming import (
     MAX_FINAL_LATENCY_S,
     OFFLINE,
     EngineProbe,
@@ -63,6 +58,11 @@ from asr_spec.evaluation.streaming import (
     word_latencies,
     words,
 )
+
+from asr_spec import streaming
+from asr_spec.evaluation.data import DataSet, Session
+from asr_spec.evaluation.harness import add_data_args, data, longform, write_results
+from asr_spec.evaluation.metrics import wer
 from asr_spec.models.loader import ModelOptions, load
 from asr_spec.recognizer import Recognizer
 from asr_spec.streaming.config import EngineConfig, StreamConfig, WordTiming

@@ -5,7 +5,7 @@
 
 A small model serves N streams of dev speech in-process, fed 0.5 s at a time as fast as the engine takes them (no
 pacing, no server), with serve's compute type and engine settings (batch, load step): by default a tiny random Whisper
-(asr_spec.evaluation.tiny: 2 decoder layers of width 32, no draft, which never ends a text: ~100 passes a window);
+(benchkit.tiny: 2 decoder layers of width 32, no draft, which never ends a text: ~100 passes a window);
 ``--model tiny.en`` the real whisper-tiny.en from its PyPI package (it ends its texts, as real streams do), with
 ``--draft layers:0`` an untrained one-layer draft. Each row also counts the torch operations the engine issues per
 step and per stream-step (``OpCount``: a static decode's pass or prefill counts one — a CUDA graph's replay; on a
@@ -19,18 +19,19 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 from asr_spec.server.settings import ServeSettings
+from benchkit.streaming import OpCount
+from benchkit.tiny import save_tiny
 
 from asr_spec.evaluation.harness import add_data_args, data, write_results
-from asr_spec.evaluation.streaming import OpCount, feed_unpaced
-from asr_spec.evaluation.tiny import save_tiny
 from asr_spec.models.loader import load_draft, load_target
 from asr_spec.recognizer import Recognizer
-from asr_spec.streaming.engine import Engine
+from asr_spec.streaming.engine import Engine, stream_audios
 
 CHUNK_S = 0.5
 
@@ -57,11 +58,13 @@ def main() -> None:
     rows = []
     for n in (int(x) for x in args.sessions.split(",") if x):
         engine = Engine(Recognizer(target, draft), replace(settings.engine_config(), draft=draft is not None))
-        feed_unpaced(engine, [dev.session(3.0, 0).audio], CHUNK_S)  # warm-up
+        stream_audios(engine, [dev.session(3.0, 0).audio], chunk_s=CHUNK_S)  # warm-up
         engine = Engine(Recognizer(target, draft), replace(settings.engine_config(), draft=draft is not None))
         ops = OpCount(engine)
         audios = [dev.session(args.seconds, 5 * i).audio for i in range(n)]
-        wall = feed_unpaced(engine, audios, CHUNK_S)
+        t0 = time.perf_counter()
+        stream_audios(engine, audios, chunk_s=CHUNK_S)
+        wall = time.perf_counter() - t0
         audio_s = sum(len(a) for a in audios) / 16000
         row = {"model": args.model or "tiny random", "draft": args.draft, "sessions": n, "audio_seconds": round(audio_s, 1),
                "wall_seconds": round(wall, 2), "engine_busy_seconds": round(engine.busy_s, 2), "decodes": engine.decodes,

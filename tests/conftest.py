@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from benchkit.tiny import save_tiny
 
-from asr_spec.evaluation.tiny import save_tiny
 from asr_spec.models.loader import load_target
 from asr_spec.models.sources import embedded_dir
 

@@ -1,4 +1,4 @@
-"""Test-only model layouts over asr_spec.evaluation.tiny's tiny random Whisper."""
+"""Test-only model layouts over benchkit.tiny's tiny random Whisper."""
 from __future__ import annotations
 
 import json

@@ -226,27 +226,44 @@ class Engine:
 def stream_audio(engine: Engine, audio, config: StreamConfig = StreamConfig(), chunk_s: float = 0.5,
                  stats: list | None = None) -> list[Event]:
     """Stream ``audio`` (16 kHz float32) through ``engine`` in ``chunk_s`` pieces (:func:`stream_pieces`)."""
+    return stream_audios(engine, [audio], config, chunk_s, stats)[0]
+
+
+def stream_audios(engine: Engine, audios: list, config: StreamConfig = StreamConfig(), chunk_s: float = 0.5,
+                  stats: list | None = None) -> list[list[Event]]:
+    """Stream each of ``audios`` (16 kHz float32) through ``engine`` at once, ``chunk_s`` of each in turn, as fast as
+    the engine takes them (:func:`stream_pieces`): each stream's events."""
     step = int(chunk_s * 16000)
-    return stream_pieces(engine, [audio[start:start + step] for start in range(0, len(audio), step)], config, stats)
+    return stream_pieces(engine, [[a[start:start + step] for start in range(0, len(a), step)] for a in audios], config,
+                         stats)
 
 
-def stream_pieces(engine: Engine, pieces: list, config: StreamConfig = StreamConfig(),
-                  stats: list | None = None) -> list[Event]:
-    """Stream audio ``pieces`` (16 kHz float32) through ``engine``, decoding whatever is due before the next piece (a
-    stream with instant decoding), then close: the events a client would get. The stream's statistics are appended
-    to ``stats``."""
-    sid = engine.open(config)
-    events: list[Event] = []
-    try:
-        for piece in pieces:
-            engine.feed(sid, piece)
-            while engine.poll():
-                events += engine.step().get(sid, [])
-        engine.flush(sid, close=True)
+def stream_pieces(engine: Engine, streams: list[list], config: StreamConfig = StreamConfig(),
+                  stats: list | None = None) -> list[list[Event]]:
+    """Stream each stream's audio pieces (16 kHz float32) through ``engine``, one piece of each in turn, decoding
+    whatever is due before the next (streams with instant decoding), then flush and close them: the events a client
+    of each would get. The streams' statistics are appended to ``stats``."""
+    sids = [engine.open(config) for _ in streams]
+    events: dict[str, list[Event]] = {sid: [] for sid in sids}
+
+    def drain() -> None:
         while engine.poll():
-            events += engine.step().get(sid, [])
+            for sid, got in engine.step().items():
+                if sid in events:
+                    events[sid] += got
+
+    try:
+        for i in range(max(map(len, streams), default=0)):
+            for sid, pieces in zip(sids, streams):
+                if i < len(pieces):
+                    engine.feed(sid, pieces[i])
+            drain()
+        for sid in sids:
+            engine.flush(sid, close=True)
+        drain()
     finally:
-        stream = engine.close(sid)
-        if stats is not None and stream is not None:
-            stats.append(stream.stats)
-    return events
+        for sid in sids:
+            stream = engine.close(sid)
+            if stats is not None and stream is not None:
+                stats.append(stream.stats)
+    return [events[sid] for sid in sids]

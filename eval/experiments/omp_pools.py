@@ -17,16 +17,15 @@ import torch
 from asr_spec.server.settings import ServeSettings
 
 from asr_spec.evaluation.harness import add_data_args, data
-from asr_spec.evaluation.streaming import feed_unpaced
 from asr_spec.models.loader import ModelOptions, load
 from asr_spec.recognizer import Recognizer
-from asr_spec.streaming.engine import Engine
+from asr_spec.streaming.engine import Engine, stream_audios
 from asr_spec.threads import release_pool
 
 
 def steps_ms(models, audio, config) -> float:
     engine = Engine(Recognizer(*models), config)
-    feed_unpaced(engine, [audio])
+    stream_audios(engine, [audio])
     return 1000 * engine.busy_s / max(engine.ticks, 1)
 
 

@@ -30,12 +30,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from asr_spec.decoding import speculative, static
 from asr_spec.decoding.budget import Tally
 from asr_spec.evaluation.harness import add_data_args, data
-from asr_spec.evaluation.streaming import feed_unpaced
 from asr_spec.models.loader import ModelOptions, load
 from asr_spec.recognizer import Recognizer
 from asr_spec.streaming import decode as decode_module
 from asr_spec.streaming import encoding, intake
-from asr_spec.streaming.engine import Engine
+from asr_spec.streaming.engine import Engine, stream_audios
 
 REST = "the rest (the tick itself)"
 _runs = Tally().open()  # static decodes' arena runs while the script runs
@@ -69,7 +68,7 @@ def timed(owner, name: str, key: str, totals: dict[str, float], device: str) -> 
 
 class OpsByPart(TorchDispatchMode):
     """Counts each torch operation the host dispatches against the timed part running (a static decode's own
-    operations are not counted: its run counts one, as ``asr_spec.evaluation.streaming.OpCount`` counts them)."""
+    operations are not counted: its run counts one, as ``benchkit.streaming.OpCount`` counts them)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not static.inside():
@@ -113,7 +112,7 @@ def main() -> None:
     engine = Engine(Recognizer(target, draft), config)
     dev = data(args)
     audios = [dev.session(args.seconds, 7 * i).audio for i in range(args.sessions)]
-    feed_unpaced(engine, [a[:16000 * 5] for a in audios], 0.1)  # warm-up (kernels, the cost model's first tries)
+    stream_audios(engine, [a[:16000 * 5] for a in audios], chunk_s=0.1)  # warm-up (kernels, the cost model's first tries)
     totals: dict[str, float] = {}
     timed(intake, "detect", "voice detection", totals, args.device)
     timed(decode_module, "encode_buffers", "encode: new audio (stream)", totals, args.device)
@@ -133,7 +132,7 @@ def main() -> None:
     if profile is not None:
         profile.enable()
     with operators, OpsByPart() if args.ops else contextlib.nullcontext():
-        feed_unpaced(engine, audios, 0.1)
+        stream_audios(engine, audios, chunk_s=0.1)
     if profile is not None:
         profile.disable()
     wall = time.perf_counter() - t0

@@ -1,4 +1,4 @@
-"""The streaming benchmarks' pure parts (asr_spec/evaluation/streaming.py, used by eval/bench_streaming.py and
+"""The streaming benchmarks' pure parts (eval/benchkit/streaming.py, used by eval/bench_streaming.py and
 bench_realtime.py): per-word latency from an event log and offline word times, words missing, the capacity summary."""
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-from asr_spec.evaluation import streaming as bench
+from benchkit import streaming as bench
 
 
 def partial(text: str, join: str = " ") -> dict:

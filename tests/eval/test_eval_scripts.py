@@ -1,7 +1,9 @@
 """eval/ scripts are thin over the package: none imports another eval script or the tests, nor puts tests/ (or any
-folder) on sys.path, nor hard-codes the dev set's location (asr_spec.evaluation.data has it). eval/ holds at most ten
-scripts, the ones users run; one-off experiments live in eval/experiments/, each with its line in that folder's
-README, and are checked the same way."""
+folder) on sys.path, nor hard-codes the dev set's location (asr_spec.evaluation.data has it). What the benchmarks share
+that the package does not ship lives in eval/benchkit/, which the scripts directly in eval/ import (their folder is on
+sys.path) and the experiments may not (theirs is eval/experiments/). eval/ holds at most ten scripts, the ones users
+run; one-off experiments live in eval/experiments/, each with its line in that folder's README, and are checked the
+same way."""
 from __future__ import annotations
 
 import ast
@@ -14,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 EVAL = ROOT / "eval"
 EXPERIMENTS = EVAL / "experiments"
+KIT = EVAL / "benchkit"
 SCRIPTS = sorted(EVAL.glob("*.py")) + sorted(EXPERIMENTS.glob("*.py"))
 STEMS = {p.stem for p in SCRIPTS}
 MAX_SCRIPTS_IN_EVAL = 10
@@ -75,6 +78,20 @@ def test_script_imports_only_the_package_and_libraries(script: Path):
     assert not names & {"tests", "conftest", "."}, f"{name(script)} imports the tests or relatively"
     assert not any(n.startswith("test_") for n in names), f"{name(script)} imports a test module"
     assert not edits_sys_path(tree), f"{name(script)} changes sys.path"
+    if script.parent == EXPERIMENTS:
+        assert "benchkit" not in names, f"{name(script)} imports eval/benchkit, which is not on its sys.path"
+
+
+@pytest.mark.parametrize("module", sorted(KIT.glob("*.py")), ids=name)
+def test_the_benchkit_imports_only_the_package_libraries_and_itself(module: Path):
+    names = imported(ast.parse(module.read_text(), str(module)))
+    assert not names & (STEMS | {"tests", "conftest", "."}), f"{name(module)} imports {sorted(names & (STEMS | {'tests', 'conftest', '.'}))}"
+
+
+def test_the_package_ships_no_benchmark_helper():
+    """The package a user installs holds no test model or eval-only helper: nothing under asr_spec/ imports benchkit."""
+    users = [str(p.relative_to(ROOT)) for p in (ROOT / "asr_spec").rglob("*.py") if "benchkit" in imported(ast.parse(p.read_text()))]
+    assert not users, users
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=name)

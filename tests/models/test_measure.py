@@ -156,7 +156,7 @@ def test_a_stopped_measurement_is_continued_when_its_server_dies_and_keeps_its_f
     import sys
     import time
 
-    from asr_spec.evaluation.tiny import save_tiny
+    from benchkit.tiny import save_tiny
 
     tiny_dir = save_tiny(tmp_path / "short", seed=0, max_target_positions=32)
     cache = tmp_path / "cache"
@@ -198,7 +198,7 @@ def test_the_background_measurement_keeps_what_later_processes_load(tmp_path, mo
     import subprocess
     import sys
 
-    from asr_spec.evaluation.tiny import save_tiny
+    from benchkit.tiny import save_tiny
 
     tiny_dir = save_tiny(tmp_path / "short", seed=0, max_target_positions=32)  # its decodes end quickly
     env = {**os.environ, "ASR_SPEC_CACHE": str(tmp_path), "ASR_SPEC_MEASURE": "on"}

@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
+from benchkit.tiny import save_tiny
 from tiny import as_large_v3_vocabulary
 
-from asr_spec.evaluation.tiny import save_tiny
 from asr_spec.models.ct2 import read_model_bin
 from asr_spec.models.loader import distilled_decoder, load_draft, load_target, outside, save_distilled
 from asr_spec.models.sources import ModelError, _package_data

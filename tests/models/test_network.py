@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 import torch
+from benchkit.tiny import save_tiny
 
-from asr_spec.evaluation.tiny import save_tiny
 from asr_spec.models.network import Config, Network, load_network, save_network
 
 

@@ -204,7 +204,7 @@ def test_a_fast_senders_last_sentence_is_said_once(transcriber):
     such streams said (part of) a sentence twice, and 3 lost "and France." (docs/how-it-works.md)."""
     audio, reference = joined_with_text(25, 27, gap_s=0.4)
     audio = np.frombuffer(pcm16(audio), "<i2").astype(np.float32) / 32768  # as the server takes a client's frames
-    events = run_with_deadline(lambda: stream_pieces(Engine(transcriber), [audio[:16000], audio[16000:]]), 300)
+    events = run_with_deadline(lambda: stream_pieces(Engine(transcriber), [[audio[:16000], audio[16000:]]])[0], 300)
     streamed = finals_text([e.as_dict() for e in events])
     offline = transcriber.transcribe(audio, TranscribeOptions(language="en")).text
     print(f"streamed: {streamed}\noffline:  {offline}")

@@ -170,7 +170,7 @@ def test_an_utterance_ended_by_silence_decodes_only_what_it_commits(transcriber)
     utterance came back as "is not" (and a word's tail left behind came back as a second "Country.")."""
     audio = load_audio(DEV / "jfk-inaugural-1961-ask-not.wav")
     cuts = [0, int(3.304 * 16000)] + list(range(int(5.104 * 16000), len(audio), 2 * 16000)) + [len(audio)]
-    events = stream_pieces(Engine(transcriber), [audio[a:b] for a, b in zip(cuts, cuts[1:])])
+    events = stream_pieces(Engine(transcriber), [[audio[a:b] for a, b in zip(cuts, cuts[1:])]])[0]
     finals = [e for e in events if e.type == "final" and e.text]
     print([(e.start, e.end, e.text) for e in finals])
     assert finals[0].end < 3.0  # the first utterance ends inside the pause

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditionalGeneration
 
-from ..models.sources import _package_data
-from ..models.vocab import WhisperTokenizer, generation_config_for
+from asr_spec.models.sources import _package_data
+from asr_spec.models.vocab import WhisperTokenizer, generation_config_for
 
 
 def tiny_config(**over) -> WhisperConfig:

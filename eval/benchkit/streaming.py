@@ -1,4 +1,4 @@
-"""What the streaming benchmarks (eval/bench_streaming.py, bench_realtime.py, experiments/bench_delay.py, experiments/profile_stream.py)
+"""What the streaming benchmarks (eval/bench_streaming.py, bench_realtime.py, bench_shared_machine.py, host_ceiling.py)
 share: per-word latency from a session's event log against the offline transcript's word times, words missing,
 the capacity bar, how the server's inference thread spends its time, an in-process server around an engine, and
 clients streaming at real time from a process of their own.
@@ -25,21 +25,20 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import numpy as np
-
 from asr_spec.clients.stream import stream_file
 from asr_spec.server.app import Server
 from asr_spec.server.config import ServerConfig
 from asr_spec.server.settings import ServeSettings
 
-from ..alignment import Word
-from ..audio import SAMPLE_RATE
-from ..decoding.budget import Tally
-from ..decoding.static import EAGER, RUN, STATIC, inside
-from ..recognizer import Recognizer
-from ..streaming.engine import Engine
-from ..transcribe import TranscribeOptions, Transcriber
-from ..transcript import Transcript
-from .data import Session
+from asr_spec.alignment import Word
+from asr_spec.audio import SAMPLE_RATE
+from asr_spec.decoding.budget import Tally
+from asr_spec.decoding.static import EAGER, RUN, STATIC, inside
+from asr_spec.evaluation.data import Session
+from asr_spec.recognizer import Recognizer
+from asr_spec.streaming.engine import Engine
+from asr_spec.transcribe import TranscribeOptions, Transcriber
+from asr_spec.transcript import Transcript
 
 MAX_FINAL_LATENCY_S = 3.0  # the capacity bar: real time with final latency median at most this
 Log = list[tuple[float, dict]]  # (seconds since the session started, event)
@@ -255,27 +254,6 @@ class OpCount:
                 "ops_per_stream_step": round(self.ops / self.rows, 1) if self.rows else None,
                 "ops_ticks_counted": self.ticks, "static_decodes_per_tick": per_tick["static"],
                 "eager_decodes_per_tick": per_tick["eager"]}
-
-
-def feed_unpaced(engine: Engine, audios: list[np.ndarray], chunk_s: float = 0.5) -> float:
-    """Every stream fed ``chunk_s`` at a time as fast as the engine takes it (no pacing, no server), the engine
-    stepping whatever is due in between, then flushed and closed; returns the wall seconds."""
-    sids = [engine.open() for _ in audios]
-    chunk = int(chunk_s * 16000)
-    t0 = time.perf_counter()
-    for start in range(0, max(map(len, audios)), chunk):
-        for sid, a in zip(sids, audios):
-            if start < len(a):
-                engine.feed(sid, a[start:start + chunk])
-        while engine.poll():
-            engine.step()
-    for sid in sids:
-        engine.flush(sid, close=True)
-    while engine.poll():
-        engine.step()
-    for sid in sids:
-        engine.close(sid)
-    return time.perf_counter() - t0
 
 
 def serve_engine(target, draft, settings: ServeSettings) -> Engine:
