@@ -57,11 +57,16 @@ def page_against_offline(url: str, text: str) -> float:
 
 def stop_and_check(driver, summary: str) -> None:
     """Stop: the page finishes (its summary says ``summary``) with no error shown and the button back at Start."""
+    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     driver.find_element(By.ID, "toggle").click()
-    WebDriverWait(driver, 60).until(lambda d: summary in d.find_element(By.ID, "summary").text)
+    try:
+        WebDriverWait(driver, 60).until(lambda d: summary in d.find_element(By.ID, "summary").text)
+    except TimeoutException:
+        shown = {k: driver.find_element(By.ID, k).text for k in ("state", "error", "summary", "latency", "final")}
+        raise AssertionError(f"no summary saying {summary!r} 60 s after Stop; the page shows {shown}") from None
     assert driver.find_element(By.ID, "error").text == ""
     assert driver.find_element(By.ID, "toggle").text == "Start"
 
