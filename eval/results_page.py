@@ -102,13 +102,27 @@ def budget_table(doc: dict) -> str:
 
 
 def misses_table(doc: dict) -> str:
-    """eval/experiments/draft_misses.py: per corpus, the draft's teacher-forced agreement and its misses by kind."""
-    kinds = ("text", "text outside the shortlist", "timestamp closing a segment")
+    """eval/experiments/draft_misses.py: per corpus, the draft's teacher-forced agreement and its misses by kind (a
+    long-form run's windows' first text tokens after a previous-text prompt apart), and of its missed timestamps how
+    many the draft's best 4 timestamps hold (what a tree of timestamp candidates could win)."""
+    order = ("first 3 text tokens after a previous-text prompt", "text", "text outside the shortlist",
+             "timestamp closing a segment", "timestamp opening a segment")
+    kinds = [k for k in order if any(k in r["kinds"] for r in doc["by_corpus"].values())]
+    stamps = [k for k in kinds if k.startswith("timestamp")]
+    BEST4 = "target's among its best 4 timestamps"  # noqa: N806 (draft_misses.py's key)
+
+    def best4(r: dict) -> str:
+        said = [r["kinds"][k].get("misses_the_draft", {}) for k in stamps if k in r["kinds"]]
+        if not any(said):
+            return "—"
+        return f"{sum(d.get(BEST4, 0) for d in said)} / " \
+               f"{sum(r['kinds'][k]['misses'] for k in stamps if k in r['kinds'])}"
     head = ["corpus", "positions", "draft agrees", *(f"{k}: missed / all" for k in kinds),
-            "outside the shortlist: the target's layer picks it"]
+            "outside the shortlist: the target's layer picks it", "missed timestamps in the draft's best 4"]
     rows = [[corpus, r["positions"], f"{r['agree']} %",
              *(f"{r['kinds'][k]['misses']} / {r['kinds'][k]['positions']}" if k in r["kinds"] else "—" for k in kinds),
-             r["kinds"].get(kinds[1], {}).get("target_layer_picks_it", "—")] for corpus, r in doc["by_corpus"].items()]
+             r["kinds"].get("text outside the shortlist", {}).get("target_layer_picks_it", "—"), best4(r)]
+            for corpus, r in doc["by_corpus"].items()]
     return md_table(head, rows)
 
 
