@@ -103,25 +103,29 @@ def budget_table(doc: dict) -> str:
 
 def misses_table(doc: dict) -> str:
     """eval/experiments/draft_misses.py: per corpus, the draft's teacher-forced agreement and its misses by kind (a
-    long-form run's windows' first text tokens after a previous-text prompt apart), and of its missed timestamps how
-    many the draft's best 4 timestamps hold (what a tree of timestamp candidates could win)."""
-    order = ("first 3 text tokens after a previous-text prompt", "text", "text outside the shortlist",
+    long-form run's windows' first text tokens after a previous-text prompt apart), and of its misses how many the
+    draft's best 2 or 4 of their kind hold (what a small tree of candidates could win)."""
+    order = ("first 3 text tokens after a previous-text prompt", "first 3 text tokens, no prompt", "text",
+             "text outside the shortlist",
              "timestamp closing a segment", "timestamp opening a segment")
     kinds = [k for k in order if any(k in r["kinds"] for r in doc["by_corpus"].values())]
     stamps = [k for k in kinds if k.startswith("timestamp")]
-    BEST4 = "target's among its best 4 timestamps"  # noqa: N806 (draft_misses.py's key)
+    texts = [k for k in kinds if "text" in k and "outside" not in k]
 
-    def best4(r: dict) -> str:
-        said = [r["kinds"][k].get("misses_the_draft", {}) for k in stamps if k in r["kinds"]]
-        if not any(said):
+    def best(r: dict, of: list[str], tops: tuple[int, ...]) -> str:
+        """Of the misses of kinds ``of``, how many hold the target's token in the draft's best 2 / 4 of their kind."""
+        said = [r["kinds"][k].get("misses_the_draft") for k in of if k in r["kinds"]]
+        if not all(said) or not said:
             return "—"
-        return f"{sum(d.get(BEST4, 0) for d in said)} / " \
-               f"{sum(r['kinds'][k]['misses'] for k in stamps if k in r['kinds'])}"
+        found = " / ".join(str(sum(d.get(f"target's among its best {t}", 0) for d in said)) for t in tops)
+        return f"{found} of {sum(r['kinds'][k]['misses'] for k in of if k in r['kinds'])}"
     head = ["corpus", "positions", "draft agrees", *(f"{k}: missed / all" for k in kinds),
-            "outside the shortlist: the target's layer picks it", "missed timestamps in the draft's best 4"]
+            "outside the shortlist: the target's layer picks it", "missed text: in the draft's best 2 / 4",
+            "missed timestamps: in its best 2 / 4 timestamps"]
     rows = [[corpus, r["positions"], f"{r['agree']} %",
              *(f"{r['kinds'][k]['misses']} / {r['kinds'][k]['positions']}" if k in r["kinds"] else "—" for k in kinds),
-             r["kinds"].get("text outside the shortlist", {}).get("target_layer_picks_it", "—"), best4(r)]
+             r["kinds"].get("text outside the shortlist", {}).get("target_layer_picks_it", "—"),
+             best(r, texts, (2, 4)), best(r, stamps, (2, 4))]
             for corpus, r in doc["by_corpus"].items()]
     return md_table(head, rows)
 

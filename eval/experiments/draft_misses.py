@@ -43,7 +43,7 @@ from asr_spec.models.pair import Pair
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 KINDS = ("text", "text outside the shortlist", "timestamp closing a segment", "timestamp opening a segment", "end")
-STAMP_TOP = (2, 4)  # a missed timestamp: is the target's among the draft's best 2 / 4 timestamps
+TOP = (2, 4)  # a missed token: is the target's among the draft's best 2 / 4 (of its kind: timestamps, text)
 FIRST = 3  # a window's first text tokens, counted apart in long-form mode
 PROMPTED, UNPROMPTED = f"first {FIRST} text tokens after a previous-text prompt", f"first {FIRST} text tokens, no prompt"
 LONG_KINDS = (PROMPTED, UNPROMPTED, *KINDS)
@@ -77,7 +77,7 @@ class Tally:
         self.rest = outside(target, ids)
         self.rest_rows = None if self.rest is None else target.decoder.decoder.embed_tokens.weight[self.rest].float()
         self.n, self.right, self.rest_right = (defaultdict(Counter) for _ in range(3))
-        self.stamps: dict[str, Counter] = defaultdict(Counter)  # a timestamp kind's misses: what the draft said
+        self.said: dict[str, Counter] = defaultdict(Counter)  # a kind's misses: what the draft said
 
     def force(self, memory: torch.Tensor, prompt: list[int], tokens: list[int], groups: tuple[str, ...],
               prompted: bool | None = None) -> None:
@@ -99,28 +99,31 @@ class Tally:
             for c in groups:
                 self.n[c][k] += 1
                 self.right[c][k] += int(guess[p] == seq[p + 1])
-                if k.startswith("timestamp") and guess[p] != seq[p + 1]:
-                    self.miss_stamp(c, k, logits[0, p], int(guess[p]), seq[p + 1])
+                if k != KINDS[1] and k != "end" and guess[p] != seq[p + 1]:
+                    self.missed(c, k, logits[0, p], int(guess[p]), seq[p + 1])
                 if k == "text outside the shortlist":
                     best = self.rest[int((hidden[0, p].float() @ self.rest_rows.T).argmax())]
                     self.rest_right[c][k] += int(best == seq[p + 1])
 
-    def miss_stamp(self, group: str, k: str, logits: torch.Tensor, guess: int, token: int) -> None:
-        """A missed timestamp: did the draft say a timestamp (another time) or not, and is the target's among the
-        draft's best STAMP_TOP timestamps (what a tree of timestamp candidates would verify)?"""
+    def missed(self, group: str, k: str, logits: torch.Tensor, guess: int, token: int) -> None:
+        """A missed token: did the draft say one of the same kind (a timestamp of another time, other text) or not,
+        and is the target's among the draft's best TOP of its kind (what a small tree of candidates would verify)?"""
         begin = self.vocab.timestamp_begin
-        stamps = logits[begin:].float().topk(max(STAMP_TOP)).indices + begin
-        said = self.stamps[f"{group}\0{k}"]
-        said["said a timestamp" if guess >= begin else "said text or the end"] += 1
-        for top in STAMP_TOP:
-            said[f"target's among its best {top} timestamps"] += int(token in stamps[:top].tolist())
+        stamp = k.startswith("timestamp")
+        best = (logits[begin:].float().topk(max(TOP)).indices + begin) if stamp else \
+            logits[:self.vocab.eot].float().topk(max(TOP)).indices
+        said = self.said[f"{group}\0{k}"]
+        same = guess >= begin if stamp else guess < self.vocab.eot
+        said[f"said {'a timestamp' if stamp else 'text'} (another)" if same else "said another kind"] += 1
+        for top in TOP:
+            said[f"target's among its best {top}"] += int(token in best[:top].tolist())
 
     def table(self, groups: list[str], kinds: tuple[str, ...]) -> dict:
         n, right = self.n, self.right
         return {c: {"positions": sum(n[c].values()), "agree": round(100 * sum(right[c].values()) / sum(n[c].values()), 1),
                     "kinds": {k: {"positions": n[c][k], "agree": right[c][k], "misses": n[c][k] - right[c][k],
                                   **({"target_layer_picks_it": self.rest_right[c][k]} if k == KINDS[1] else {}),
-                                  **({"misses_the_draft": dict(self.stamps[f"{c}\0{k}"])} if k.startswith("timestamp") else {})}
+                                  **({"misses_the_draft": dict(self.said[f"{c}\0{k}"])} if self.said[f"{c}\0{k}"] else {})}
                               for k in kinds if n[c][k]}}
                 for c in groups if n[c]}
 
