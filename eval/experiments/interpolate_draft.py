@@ -48,9 +48,10 @@ def main() -> None:
     else:
         start = initial(load_target(meta["target"]).net.model.decoder, meta)
         toward = f"the target's layers {meta['training']['layers_from']}, final norm and embedding rows"
-    if set(start) != set(trained) or any(start[k].shape != v.shape for k, v in trained.items()):
-        raise SystemExit(f"{a.draft}: tensors that its initialisation lacks, adds or shapes otherwise: "
-                         f"{sorted(k for k in set(start) | set(trained) if k not in start or k not in trained or start[k].shape != trained[k].shape)}")
+    unlike = sorted(k for k in set(start) | set(trained)
+                    if k not in start or k not in trained or start[k].shape != trained[k].shape)
+    if unlike:
+        raise SystemExit(f"{a.draft}: tensors that its initialisation lacks, adds or shapes otherwise: {unlike}")
     mixed = {k: (a.weight * v.float() + (1 - a.weight) * start[k].float()).to(v.dtype).contiguous()
              for k, v in trained.items()}
     a.out.mkdir(parents=True, exist_ok=True)
