@@ -43,7 +43,7 @@ class EvalSettings:
     draft_stop: str = option("0.3", "comma list of adaptive draft-length thresholds (one run per K and each)")
     temperature: float = option(0.5, "temperature of spec-sample and target-sample")
     seeds: int = option(1, "spec-sample and target-sample runs (seeds 0..N-1)")
-    repeat: int = option(1, "timing repeats per utterance (medians reported)")
+    repeat: int = option(1, "timing rounds: each runs every system once, in turn (medians reported)")
     out: str = option("eval/out", "directory for results.json, report.md and plots")
     language: str = option("en", "language for every system ('' = detect)")
     hotwords: str | None = option(None, "our systems' hotwords (as transcribe's)")

@@ -63,8 +63,9 @@ def write_report(results: dict, out: Path) -> None:
 · commit {env['git_commit'] or 'unknown'} · `{env['command']}`
 
 Manifest `{results['manifest']}`: {results['utterances']} utterances, {results['audio_s']} s of audio. Every system ran
-on the same audio in this run, one after another, each in its own process (peak RSS is that process's).
-Timings are medians over {results['options']['repeat']} repeat(s), summed over utterances. WER: jiwer after
+on the same audio in this run, in rounds: each round runs every system once, in turn (every other round in reverse
+order, so that the machine's drift falls on all alike), each in a fresh process (peak RSS is the highest of its
+processes'). Timings are medians over {results['options']['repeat']} round(s), summed over utterances. WER: jiwer after
 Whisper's English normaliser. α = accepted / (accepted + rejected) drafts; tokens/pass counts every token a
 target pass emits. Peers report wall time only. Decoding mode: every system decodes with timestamps (ours as
 `transcribe` does, transformers with `return_timestamps=True`, faster-whisper by default), so "identical to target"

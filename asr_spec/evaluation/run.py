@@ -1,5 +1,5 @@
-"""Orchestrates one ``asr_spec eval`` run: every system on the same audio, one after another, each in its
-own process with the same thread count; then scores, report and plots."""
+"""Orchestrates one ``asr_spec eval`` run: every system on the same audio, in rounds (each repeat runs every system
+once, in turn, each in a fresh process of its own with the same thread count); then scores, report and plots."""
 from __future__ import annotations
 
 import json
@@ -67,15 +67,30 @@ def environment(threads: int, device: str = "cpu") -> dict:
             "faster_whisper": version("faster-whisper"), "ctranslate2": version("ctranslate2")}
 
 
-def run_system(spec: SystemSpec, setup: Setup, items: list[dict], repeat: int) -> dict:
+def run_system(spec: SystemSpec, setup: Setup, items: list[dict]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        job.write_text(json.dumps({"system": asdict(spec), "setup": asdict(setup), "items": items, "repeat": repeat}))
+        job.write_text(json.dumps({"system": asdict(spec), "setup": asdict(setup), "items": items}))
         proc = subprocess.run([sys.executable, "-m", "asr_spec.evaluation.worker", str(job), str(out)],
                               stdout=subprocess.PIPE, text=True)
         if proc.returncode != 0 or not out.exists():
             return {"system": asdict(spec), "error": f"worker exited with status {proc.returncode}"}
         return json.loads(out.read_text())
+
+
+def fold(kept: dict | None, run: dict) -> dict:
+    """A system's run in one more round folded into its earlier rounds' (``kept``): each utterance's timings and the
+    run's wall time appended, its text and statistics the last round's, peak RSS the highest, the load the first's."""
+    if kept is None:
+        return run
+    for i, rec in run["items"].items():
+        mine = kept["items"][i]
+        for key in ("wall_s", "encoder_s", "decode_s"):
+            mine[key] += rec[key]
+        mine.update({k: v for k, v in rec.items() if k not in ("wall_s", "encoder_s", "decode_s")})
+    kept["run_wall_s"] += run["run_wall_s"]
+    kept["peak_rss_mb"] = max(kept["peak_rss_mb"], run["peak_rss_mb"])
+    return kept
 
 
 def _baseline(run: dict, runs: dict[str, dict]) -> str:
@@ -105,13 +120,21 @@ def evaluate(o: EvalOptions) -> dict:
         if reason := missing(spec):
             skipped[spec.name] = reason
             print(f"skipping {spec.name}: {reason}", file=sys.stderr)
-            continue
-        run = run_system(spec, setup, items, o.repeat)
-        if "error" in run:
-            skipped[spec.name] = run["error"]
-            print(f"{spec.name} failed: {run['error']}", file=sys.stderr)
-            continue
-        runs[spec.name] = run
+    # a machine's speed drifts within a run (10-20 % here, more on a shared VM): repeats taken system after system
+    # would credit that drift to whichever system ran in the fast stretch, so each round runs every system once,
+    # every other round in reverse order
+    for r in range(o.repeat):
+        for spec in specs if r % 2 == 0 else specs[::-1]:
+            if spec.name in skipped:
+                continue
+            print(f"round {r + 1}/{o.repeat}: {spec.name}", file=sys.stderr)
+            run = run_system(spec, setup, items)
+            if "error" in run:
+                skipped[spec.name] = run["error"]
+                runs.pop(spec.name, None)
+                print(f"{spec.name} failed: {run['error']}", file=sys.stderr)
+                continue
+            runs[spec.name] = fold(runs.get(spec.name), run)
     refs = {it["id"]: it["text"] for it in items}
     def texts(name: str) -> dict | None:
         return {i: r["text"] for i, r in runs[name]["items"].items()} if name in runs else None

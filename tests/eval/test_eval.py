@@ -9,6 +9,7 @@ import pytest
 from conftest import DEV
 
 from asr_spec.evaluation.metrics import acceptance_by_position, speedups, summarize
+from asr_spec.evaluation.run import fold
 
 
 def _run(texts: dict[str, str], kind: str = "hf", walls: dict[str, list[float]] | None = None) -> dict:
@@ -38,6 +39,18 @@ def test_acceptance_by_position_and_speedups():
     sp = speedups({"target": {"wall_s": 10.0}, "x": {"wall_s": 4.0}, "y": {"wall_s": None}}, "target", "wall_s")
     assert sp == {"target": 1.0, "x": 2.5, "y": None}
 
+
+
+def test_rounds_fold_into_one_run_per_system():
+    """``--repeat`` rounds: each round's timings are appended per utterance, so the medians span every round."""
+    first = _run({"a": "x", "b": "y"}, walls={"a": [3.0], "b": [1.0]}) | {"run_wall_s": [4.0]}
+    second = _run({"a": "x", "b": "y"}, walls={"a": [1.0], "b": [5.0]}) | {"run_wall_s": [6.0], "peak_rss_mb": 150.0}
+    third = _run({"a": "x", "b": "z"}, walls={"a": [2.0], "b": [2.0]}) | {"run_wall_s": [4.0]}
+    run = fold(fold(fold(None, first), second), third)
+    assert run["items"]["a"]["wall_s"] == [3.0, 1.0, 2.0] and run["items"]["b"]["wall_s"] == [1.0, 5.0, 2.0]
+    assert run["run_wall_s"] == [4.0, 6.0, 4.0] and run["peak_rss_mb"] == 150.0
+    assert run["items"]["b"]["text"] == "z"  # the last round's
+    assert summarize(run, {"a": "x", "b": "y"}, None)["wall_s"] == pytest.approx(2.0 + 2.0)
 
 @pytest.mark.slow
 def test_three_clip_smoke_run_writes_the_report(tmp_path):
