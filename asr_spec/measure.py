@@ -176,11 +176,16 @@ def _lowest_priority() -> None:
     """In the child before it runs: nice 19, and continued (SIGCONT) by the kernel when its parent dies, so that a
     measurement its server stopped does not stay stopped."""
     os.nice(19)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGCONT, 0, 0, 0)
+    on_parent_death(signal.SIGCONT)
 
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def on_parent_death(sig: int) -> None:
+    """Have the kernel send this process ``sig`` when its parent dies (Linux; elsewhere nothing)."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
 def _measuring_elsewhere() -> bool:

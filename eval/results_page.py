@@ -1,6 +1,6 @@
 """docs/results.md and its plots (docs/results/*.png), regenerated from the JSON that ``asr_spec eval`` and the
-``eval/`` benchmarks save: eval/results/index.json names the runs of the summary (one row per CPU: the current code
-with the shipped draft, speed-ups, WER, live speakers, commit) and, per topic of the page, its current run. Every
+``eval/`` benchmarks save: eval/results/index.json names the runs of the summary (one row per CPU and workload: the
+current code with the shipped draft, speed-ups, WER, tokens a pass, a pass's cost, live speakers, commit) and, per topic of the page, its current run. Every
 table is headed by the machine, date, commit and command of its run, as its JSON records them, else as the index gives
 them; commands are shown without the absolute paths of the machine that ran them (``portable``). Runs that are no
 longer current are not kept: eval/results/README.md says what they measured, and git keeps them.
@@ -369,12 +369,13 @@ def machine_of(doc: dict, features: str = "") -> str:
 
 def summary(rows: list[dict], docs: dict[str, dict], stated: dict[str, dict[str, str]],
             link: Callable[[str], str]) -> list[str]:
-    """The summary's table, one row per machine, each figure read from the runs the index names for it, and below it
-    each row's runs with date, commit, command and JSON. A row's runs must record their commit."""
-    head = ["machine", "compute type", "decode speed-up vs target-only", "end-to-end speed-up vs target-only",
-            "end-to-end speed-up vs faster-whisper int8", "WER % (faster-whisper int8)",
-            "text identical to target-only",
-            "live speakers at real time (final latency median)", "commit", "date"]
+    """The summary's table, one row per machine and workload (the index names it: dev clips, dev recordings), each
+    figure read from the runs the index names for it, and below it each row's runs with date, commit, command and
+    JSON. A row's runs must record their commit."""
+    head = ["machine", "workload", "compute type", "decode speed-up vs target-only",
+            "end-to-end speed-up vs target-only", "end-to-end speed-up vs faster-whisper int8",
+            "WER % (faster-whisper int8)", "text identical to target-only", "tokens / pass",
+            "a pass in target passes", "live speakers at real time (final latency median)", "commit", "date"]
     table, runs = [], []
     for row in rows:
         doc = docs[row["file"]]
@@ -397,7 +398,8 @@ def summary(rows: list[dict], docs: dict[str, dict], stated: dict[str, dict[str,
         wer = num(s["wer"]) + (f" ({num(systems[peer]['wer'])})" if peer in systems else "")
         same = "—" if s["identical_to_target"] is None else f"{s['identical_to_target']}/{s['utterances']}"
         p = stated[row["file"]]
-        runs.append(f"- **{machine}**: files, {p['date'][:10]} ({p['commit']}): `{p['command']}` "
+        workload = f"{row['workload']} ({doc['utterances']}, {doc['audio_s']:.0f} s)"
+        runs.append(f"- **{machine}, {row['workload']}**: files, {p['date'][:10]} ({p['commit']}): `{p['command']}` "
                     f"({link(row['file'])})")
         live = "—"
         if row.get("live"):
@@ -411,8 +413,10 @@ def summary(rows: list[dict], docs: dict[str, dict], stated: dict[str, dict[str,
             live = "none" if n is None else (f"{'at least ' if n == most else ''}{n} "
                                              f"({num(at[n]['final_latency_median_s'])} s)")
             runs[-1] += f"; live, {lp['date'][:10]} ({lp['commit']}): `{lp['command']}` ({link(row['live'])})"
-        table.append([machine, ctype, times(doc["speedup_vs_target"]["decode"].get(name)),
-                      times(doc["speedup_vs_target"]["wall"].get(name)), times(vs_peer), wer, same, live,
+        cost = doc.get("pass_cost_vs_target", {}).get(name)
+        table.append([machine, workload, ctype, times(doc["speedup_vs_target"]["decode"].get(name)),
+                      times(doc["speedup_vs_target"]["wall"].get(name)), times(vs_peer), wer, same,
+                      num(s.get("tokens_per_pass")), num(cost), live,
                       p["commit"], p["date"][:10]])
     return [md_table(head, table), "", *runs]
 

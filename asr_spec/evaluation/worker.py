@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import json
+import os
 import resource
+import signal
 import sys
 import time
 from dataclasses import asdict
@@ -14,6 +16,7 @@ from dataclasses import asdict
 import torch
 
 from ..audio import SAMPLE_RATE, load_audio
+from ..measure import on_parent_death
 from ..models.loader import load_tokenizer
 from .systems import Setup, SystemSpec, build, resolved_type
 
@@ -21,6 +24,10 @@ WARM_UP_S = 30  # seconds of the first file decoded untimed first (one window: t
 
 
 def main(job_path: str, out_path: str) -> None:
+    parent = os.getppid()
+    on_parent_death(signal.SIGKILL)  # an eval killed mid-round takes its worker along, not left to skew later timings
+    if os.getppid() != parent:  # it died before the line above
+        sys.exit(1)
     job = json.loads(open(job_path).read())
     spec, setup = SystemSpec(**job["system"]), Setup(**job["setup"])
     torch.set_num_threads(setup.threads)

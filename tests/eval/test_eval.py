@@ -1,9 +1,14 @@
 """``asr_spec eval``: a real 3-clip smoke run, and the scoring checked against hand-computed values."""
 from __future__ import annotations
 
+import errno
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from conftest import DEV
@@ -99,6 +104,10 @@ def test_each_batch_size_is_a_run_of_its_own():
         ("faster-whisper-batched-int8", 1), ("faster-whisper-batched-int8-b8", 8),
         ("faster-whisper-batched-float32", 1), ("faster-whisper-batched-float32-b8", 8)]
     assert all(s.chunked == s.name.startswith("spec-chunked") for s in specs)
+    # compared with target-only at the same batch size; target-only's batched run with its own at batch 1
+    assert {s.name: s.baseline for s in specs if s.kind in systems.OURS} == {
+        "target": "target", "target-b8": "target", "spec-chunked-k3-stop0.3": "target",
+        "spec-chunked-k3-stop0.3-b8": "target-b8"}
 
 
 def test_a_faster_whisper_compute_type_can_be_named_alone():
@@ -163,3 +172,45 @@ def test_whisper_cpp_reads_the_ggml_file_written_from_the_embedded_model(base_mo
         text = "".join(s.text for s in model.transcribe(audio)).strip()
         assert text == "And so my fellow Americans ask not what your country can do for you, ask what you can do " \
                        "for your country.", (beams, text)
+
+
+@pytest.mark.slow  # two subprocesses, one importing torch
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's prctl")
+def test_a_killed_eval_takes_its_worker_along(tmp_path):
+    """An ``asr_spec eval`` killed mid-round (SIGKILL: no cleanup runs) does not leave its worker running beside the
+    next run. The worker's job is a FIFO, so it waits, past its start-up, until this test opens the other end."""
+    job = tmp_path / "job.json"
+    os.mkfifo(job)
+    start = ("import subprocess, sys; w = subprocess.Popen([sys.executable, '-m', 'asr_spec.evaluation.worker', "
+             "sys.argv[1], sys.argv[2]]); print(w.pid, flush=True); w.wait()")
+    parent = subprocess.Popen([sys.executable, "-c", start, str(job), str(tmp_path / "out.json")],
+                              stdout=subprocess.PIPE, text=True)
+    fd = None
+    try:
+        worker = int(parent.stdout.readline())
+        deadline = time.monotonic() + 120
+        while fd is None:  # opening the FIFO to write succeeds once the worker opens it to read
+            try:
+                fd = os.open(job, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as e:
+                assert e.errno == errno.ENXIO and time.monotonic() < deadline and parent.poll() is None, \
+                    f"the worker never read its job (parent status {parent.poll()})"
+                time.sleep(0.05)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while (state := _state(worker)) not in (None, "Z"):
+            assert time.monotonic() < deadline, f"worker {worker} still running ({state}) 30 s after its eval died"
+            time.sleep(0.05)
+    finally:
+        parent.kill()
+        if fd is not None:
+            os.close(fd)
+
+
+def _state(pid: int) -> str | None:
+    """A process's state letter (R, S, Z, ...), or None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None

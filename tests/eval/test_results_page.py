@@ -89,13 +89,13 @@ def test_every_table_states_machine_date_and_command(pages):
     table = [line for line in summary.splitlines() if line.startswith("| ") and "---" not in line][1:]
     bullets = [line for line in summary.splitlines() if line.startswith("- **")]
     assert len(table) == len(bullets) == len(summary_rows())
-    for row, bullet in zip(table, bullets):
+    for row, bullet, listed in zip(table, bullets, summary_rows()):
         machine, date = row.split(" | ")[0].removeprefix("| "), row.split(" | ")[-1].removesuffix(" |")
         commit = row.split(" | ")[-2]
         assert re.fullmatch(r"\d{4}-\d\d-\d\d", date), row
         assert re.fullmatch(r"[0-9a-f]{7}", commit), row
-        assert bullet.startswith(f"- **{machine}**: files, {date} ({commit}): `") and "(../eval/results/" in bullet, \
-            bullet
+        assert bullet.startswith(f"- **{machine}, {listed['workload']}**: files, {date} ({commit}): `") \
+            and "(../eval/results/" in bullet, bullet
 
 
 @pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
@@ -185,33 +185,38 @@ def test_the_results_folder_is_small():
 
 @pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
 def test_the_summary_quotes_its_runs(pages):
-    """Each row's figures are the JSON's: speed-ups against target-only (decode, end to end) and faster-whisper
-    int8, WER, identical texts, the live speakers at real time with their final latency, the date."""
+    """Each row's figures are the JSON's: its workload's size, speed-ups against target-only (decode, end to end) and
+    faster-whisper int8, WER, identical texts, tokens a pass and a pass's cost in target passes, the live speakers at
+    real time with their final latency, the date."""
     summary = summary_part(pages[0][0].read_text())
     table = [line for line in summary.splitlines() if line.startswith("| ") and "---" not in line][1:]
     for row, line in zip(summary_rows(), table):
         cells = line.strip("| ").split(" | ")
         doc = json.loads((INDEX.parent / row["file"]).read_text())
         spec, s = row["spec"], doc["systems"][row["spec"]]
-        assert cells[2] == f"{doc['speedup_vs_target']['decode'][spec]:.2f}x", (row["file"], cells)
-        assert cells[3] == f"{doc['speedup_vs_target']['wall'][spec]:.2f}x", (row["file"], cells)
+        assert cells[1] == f"{row['workload']} ({doc['utterances']}, {doc['audio_s']:.0f} s)", (row["file"], cells)
+        assert cells[3] == f"{doc['speedup_vs_target']['decode'][spec]:.2f}x", (row["file"], cells)
+        assert cells[4] == f"{doc['speedup_vs_target']['wall'][spec]:.2f}x", (row["file"], cells)
         peer = doc["speedup_vs_peer"].get("faster-whisper-int8", {}).get(spec)
-        assert cells[4] == ("—" if peer is None else f"{peer:.2f}x"), (row["file"], cells)
-        assert cells[5].startswith(f"{s['wer']:.2f}"), (row["file"], cells)
-        assert cells[6] == f"{s['identical_to_target']}/{s['utterances']}", (row["file"], cells)
+        assert cells[5] == ("—" if peer is None else f"{peer:.2f}x"), (row["file"], cells)
+        assert cells[6].startswith(f"{s['wer']:.2f}"), (row["file"], cells)
+        assert cells[7] == f"{s['identical_to_target']}/{s['utterances']}", (row["file"], cells)
+        assert cells[8] == f"{s['tokens_per_pass']:.2f}", (row["file"], cells)
+        cost = doc.get("pass_cost_vs_target", {}).get(spec)  # older runs did not record it
+        assert cells[9] == ("—" if cost is None else f"{cost:.2f}"), (row["file"], cells)
         if row.get("live"):
             live = json.loads((INDEX.parent / row["live"]).read_text())
             n = live["largest_real_time_sessions"]
             if n is None:  # no count the run tried was at real time within the latency bar
-                assert cells[7] == "none", (row["live"], cells)
+                assert cells[10] == "none", (row["live"], cells)
             else:
                 latency = next(r["final_latency_median_s"] for r in live["capacity"] if r["sessions"] == n)
-                assert re.fullmatch(rf"(at least )?{n} \({latency:.2f} s\)", cells[7]), (row["live"], cells)
+                assert re.fullmatch(rf"(at least )?{n} \({latency:.2f} s\)", cells[10]), (row["live"], cells)
         else:
-            assert cells[7] == "—"
+            assert cells[10] == "—"
         recorded = doc.get("environment") or doc.get("provenance")
-        assert cells[8] == recorded["git_commit"][:7], (row["file"], cells)
-        assert cells[9] == recorded["date"][:10], (row["file"], cells)
+        assert cells[11] == recorded["git_commit"][:7], (row["file"], cells)
+        assert cells[12] == recorded["date"][:10], (row["file"], cells)
 
 
 @pytest.mark.slow  # the whole page and its plots, or the script as a subprocess
