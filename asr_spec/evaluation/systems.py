@@ -104,12 +104,12 @@ def expand(systems: list[str], ks: list[int], temperature: float, seeds: int,
             out[before:] = [replace(spec, name=f"{spec.name}-beam{beam}", beam=beam, baseline=spec.baseline + f"-beam{beam}")
                             for spec in out[before:]]
     batched = lambda spec: spec.kind in OURS or spec.kind == "faster-whisper-batched"  # noqa: E731
-    return [replace(spec, name=spec.name + at(spec, n), batch_size=n,
-                    baseline=spec.baseline + ("" if spec.kind == "target" else at(spec, n))) if batched(spec) else spec
+    return [replace(spec, name=spec.name + at(n), batch_size=n,
+                    baseline=spec.baseline + ("" if spec.kind == "target" else at(n))) if batched(spec) else spec
             for spec in out for n in (batch_sizes if batched(spec) else [None])]
 
 
-def at(spec: SystemSpec, batch_size: int) -> str:
+def at(batch_size: int) -> str:
     """A batched run's name suffix ("-b8"; none at 1). Our systems at a batch size are compared with target-only at
     the same one (target-only's own runs with target-only at batch 1: what batching alone buys)."""
     return f"-b{batch_size}" if batch_size > 1 else ""
