@@ -28,10 +28,11 @@ from pathlib import Path
 import torch
 
 from asr_spec.evaluation.provenance import provenance
+from asr_spec.models.auto import K
 from asr_spec.models.loader import load_target
 
 TOKENS = (1, 2, 3, 4, 5, 7, 9, 13)
-VERIFIED = 4  # a pass's verified tokens at the default K = 3: the costs the projection reads
+VERIFIED = K + 1  # a pass's verified tokens at the default K: the costs the projection reads
 
 
 def timed(fn, repeat: int, device: str) -> float:
