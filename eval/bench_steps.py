@@ -106,7 +106,7 @@ def main() -> None:
         for t in NEW_TOKENS:
             print(f"{t:10d} | " + " | ".join(f"{v[t]:6.2f} ({v[t] / step:4.2f})" for v in r["ms"].values()))
     if args.out:
-        doc = {"threads": args.threads, "batch": args.batch, "prefix": args.prefix, "draft": spec,
+        doc = {"threads": args.threads, "batch": args.batch, "prefix": args.prefix, "draft": args.draft or "auto",
                "provenance": provenance(args.threads, args.device), "results": results}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(doc, indent=1))
