@@ -7,6 +7,7 @@ rolling a row back is just feeding from an earlier position next time (gpt-fast 
 from __future__ import annotations
 
 import copy
+import warnings
 from bisect import bisect_left
 from dataclasses import dataclass
 from functools import cached_property
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import network
-from .linear import INT8_MODES, Dense, Linear, Plain
+from .linear import INT8_MODES, Dense, Int8, Linear, Plain
 
 
 class Columns:
@@ -171,6 +172,12 @@ def stack_cross(rows: list[CrossKV], width: int | None = None) -> CrossKV:
 # (tests/decoding/test_compute.py checks it on the tiny model, eval/experiments/exact_rows.py and eval's identical-to-target on the real one).
 EXACT_QUERIES = 4
 EXACT_KEYS = 512
+# A draft's steps on a CPU run as TorchScript graphs traced from its own call (``CachedDecoder(traced=True)``): the
+# same operations, so the same bits as the call with ``fixed``, without the Python between them, which is about a
+# quarter of a draft step on a 2-core CPU (eval/experiments/profile_draft_step.py). A call feeding more than
+# TRACED_TOKENS tokens (a prompt, a catch-up after hints) runs as it is: its widths vary, and a trace costs a
+# fraction of a second.
+TRACED_TOKENS = 4
 
 
 
@@ -214,11 +221,13 @@ class CachedDecoder:
     ``rest_ids`` (a shortlist draft's): tokens outside the shortlist that :meth:`rest` scores from the draft's last
     hidden state with the target's own output layer (Whisper ties it to the token embeddings, which the draft shares),
     in the layers' type: a word the shortlist lacks can still be proposed (``passes.draft``).
+
+    ``traced`` (int8 drafts on a CPU): its few-token calls run as traced graphs (see ``TRACED_TOKENS``).
     """
 
     def __init__(self, decoder: nn.Module, head: torch.Tensor, head_ids: torch.Tensor | None = None,
                  int8: str | None = None, exact: bool = False, dtype: torch.dtype | None = None,
-                 rest_ids: torch.Tensor | None = None):
+                 rest_ids: torch.Tensor | None = None, traced: bool = False):
         self.decoder = decoder
         self.int8 = int8
         self.exact = exact
@@ -243,6 +252,9 @@ class CachedDecoder:
         self.rest_head = None if rest_ids is None else \
             linear(decoder.embed_tokens.weight.detach()[self.rest_ids].to(self.dtype))
         self.max_positions = decoder.embed_positions.weight.shape[0]
+        # (rows, tokens fed, logits returned, shortlist, hidden, cache capacity) -> its traced call (``_traced``)
+        # (float layers hold oneDNN's packed weights, which a trace cannot keep)
+        self.traces: dict[tuple, torch.jit.ScriptModule] | None = {} if traced and int8 and not exact else None
 
     @property
     def device(self) -> torch.device:
@@ -294,6 +306,29 @@ class CachedDecoder:
         ``fixed``: attend over the whole self-attention cache, masked (as an exact decoder does), so that no shape
         depends on the positions and the call never reads the device (a CUDA graph's capture). ``hidden``: also
         the final layer norm's output at those indices [B, T', D] (what :meth:`rest` reads)."""
+        if self.traces is not None and cross_scores is None and logits_at is not None and \
+                tokens.shape[1] <= TRACED_TOKENS and cache.cross_lengths is None and cache.static_mask is None:
+            return self._traced(cache, tokens, positions, logits_at, shortlist, hidden)
+        return self._forward(cache, tokens, positions, logits_at, shortlist, cross_scores, fixed, scores_from, hidden)
+
+    def _traced(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor, logits_at: torch.Tensor,
+                shortlist: bool, hidden: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The call with ``fixed``, as the graph traced for its shape (at its first call; any memory length:
+        tests/models/test_traced_step.py)."""
+        key = (*tokens.shape, logits_at.shape[1], shortlist, hidden, cache.self_k[0].shape[2])
+        inputs = (tokens, positions, logits_at, *cache.tensors())
+        if (step := self.traces.get(key)) is None:
+            with warnings.catch_warnings():  # the tracer's notes on shapes read as numbers: constant in these calls
+                warnings.simplefilter("ignore")
+                step = self.traces[key] = torch.jit.trace(_Step(self, shortlist, hidden).eval(), inputs,
+                                                          check_trace=False)
+        return step(*inputs)
+
+    def _forward(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
+                 logits_at: torch.Tensor | None, shortlist: bool,
+                 cross_scores: dict[int, Sequence[int] | torch.Tensor] | None, fixed: bool,
+                 scores_from: int, hidden: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`__call__`'s work, in Python."""
         b, t = tokens.shape
         dec = self.decoder
         pos = positions.clamp(max=self.max_positions - 1)
@@ -324,7 +359,8 @@ class CachedDecoder:
             groups = [(k.shape[2], slice(None))] if masked else cache.cross_groups
             mask = cache.cross_mask if masked else None
             if not (self.exact or scores) and len(groups) == 1:  # one length: the draft's call, its output as it is
-                return attend(q, k[:, :, :groups[0][0]], v[:, :, :groups[0][0]], None)
+                n = groups[0][0]
+                return attend(q, k, v, None) if n == k.shape[2] else attend(q, k[:, :, :n], v[:, :, :n], None)
             if scores:
                 cross_scores[i] = torch.zeros(b, len(heads), t - scores_from, k.shape[2], device=q.device)
             out = torch.empty_like(q)
@@ -365,3 +401,24 @@ class CachedDecoder:
         """Logits [N, len(rest_ids)] (float32) of the tokens outside the shortlist for hidden states [N, D]
         (``__call__``'s ``hidden``)."""
         return self.rest_head(hidden).float()
+
+
+class _Step(nn.Module):
+    """A decoder's call with ``fixed`` over a cache given as tensors (self keys, self values, cross keys, cross values,
+    per layer), what ``torch.jit.trace`` traces; its modules and its int8 layers' packed weights registered, as the
+    tracer requires of what it calls (a module's weights that take gradients cannot be the trace's constants)."""
+
+    def __init__(self, decoder: CachedDecoder, shortlist: bool, hidden: bool):
+        super().__init__()
+        self.step, self.shortlist, self.hidden = decoder, shortlist, hidden
+        self.called = nn.ModuleList([decoder.decoder, decoder.final_norm,
+                                     *(m for layer in decoder.layers for m in (layer.ln1, layer.ln2, layer.ln3))])
+        layers = [v for layer in decoder.layers for v in vars(layer).values()] + [decoder.head, decoder.rest_head]
+        for i, packed in enumerate(x.packed for x in layers if isinstance(x, Int8) and x.cpu):
+            setattr(self, f"packed{i}", packed)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, logits_at: torch.Tensor,
+                *tensors: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        n = len(self.step.layers)
+        cache = KVCache(*(list(tensors[j * n:(j + 1) * n]) for j in range(4)))
+        return self.step._forward(cache, tokens, positions, logits_at, self.shortlist, None, True, 0, self.hidden)
