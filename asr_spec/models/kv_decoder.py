@@ -172,12 +172,14 @@ def stack_cross(rows: list[CrossKV], width: int | None = None) -> CrossKV:
 # (tests/decoding/test_compute.py checks it on the tiny model, eval/experiments/exact_rows.py and eval's identical-to-target on the real one).
 EXACT_QUERIES = 4
 EXACT_KEYS = 512
-# A draft's steps on a CPU run as TorchScript graphs traced from its own call (``CachedDecoder(traced=True)``): the
-# same operations, so the same bits as the call with ``fixed``, without the Python between them, which is about a
-# quarter of a draft step on a 2-core CPU (eval/experiments/profile_draft_step.py). A call feeding more than
-# TRACED_TOKENS tokens (a prompt, a catch-up after hints) runs as it is: its widths vary, and a trace costs a
-# fraction of a second.
+# An int8 draft's steps on a CPU run as TorchScript graphs traced from its own call (``CachedDecoder(traced=True)``):
+# the same operations, so the same bits as the call with ``fixed``, without the Python between them, which is about
+# a quarter of a draft step on a 2-core CPU (eval/experiments/profile_draft_step.py). A shape is traced at its
+# TRACE_AFTER-th call: a trace takes about 0.2 s, what a few hundred steps save, so a short file's few steps never pay
+# for one; before it, the call runs in Python with ``fixed`` (the same bits). A call feeding more than TRACED_TOKENS
+# tokens (a prompt, a catch-up after hints) runs as it is: its widths vary.
 TRACED_TOKENS = 4
+TRACE_AFTER = 256
 
 
 
@@ -252,9 +254,10 @@ class CachedDecoder:
         self.rest_head = None if rest_ids is None else \
             linear(decoder.embed_tokens.weight.detach()[self.rest_ids].to(self.dtype))
         self.max_positions = decoder.embed_positions.weight.shape[0]
-        # (rows, tokens fed, logits returned, shortlist, hidden, cache capacity) -> its traced call (``_traced``)
-        # (float layers hold oneDNN's packed weights, which a trace cannot keep)
+        # (rows, tokens fed, logits returned, shortlist, hidden, cache capacity) -> its traced call, and the calls of
+        # each shape so far (``_traced``); float layers hold oneDNN's packed weights, which a trace cannot keep
         self.traces: dict[tuple, torch.jit.ScriptModule] | None = {} if traced and int8 and not exact else None
+        self.calls: dict[tuple, int] = {}
 
     @property
     def device(self) -> torch.device:
@@ -313,16 +316,22 @@ class CachedDecoder:
 
     def _traced(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor, logits_at: torch.Tensor,
                 shortlist: bool, hidden: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """The call with ``fixed``, as the graph traced for its shape (at its first call; any memory length:
-        tests/models/test_traced_step.py)."""
+        """The call with ``fixed``: in Python for a shape's first ``TRACE_AFTER`` calls, then as the graph traced
+        for that shape (the same bits either way, at any memory length: tests/models/test_traced_step.py)."""
         key = (*tokens.shape, logits_at.shape[1], shortlist, hidden, cache.self_k[0].shape[2])
-        inputs = (tokens, positions, logits_at, *cache.tensors())
         if (step := self.traces.get(key)) is None:
+            self.calls[key] = calls = self.calls.get(key, 0) + 1
+            if calls < TRACE_AFTER:
+                return self._forward(cache, tokens, positions, logits_at, shortlist, None, True, 0, hidden)
             with warnings.catch_warnings():  # the tracer's notes on shapes read as numbers: constant in these calls
                 warnings.simplefilter("ignore")
-                step = self.traces[key] = torch.jit.trace(_Step(self, shortlist, hidden).eval(), inputs,
+                step = self.traces[key] = torch.jit.trace(_Step(self, shortlist, hidden).eval(),
+                                                          (tokens, positions, logits_at, *cache.tensors()),
                                                           check_trace=False)
-        return step(*inputs)
+        # run as traced: TorchScript's optimizing executor profiles a graph's first calls and then rewrites it,
+        # which cost more than it bought here (a step's second call 21 ms, later steps no faster)
+        with torch.jit.optimized_execution(False):
+            return step(tokens, positions, logits_at, *cache.tensors())
 
     def _forward(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
                  logits_at: torch.Tensor | None, shortlist: bool,

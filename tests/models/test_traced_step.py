@@ -1,6 +1,7 @@
-"""An int8 draft's few-token calls on a CPU run as traced graphs (``CachedDecoder(traced=True)``): the same bits as its
-Python call with ``fixed``, in its logits, hidden states and cache writes, at other memory lengths than the one it
-was traced at; one trace per shape; longer calls and exact decoders stay in Python (tiny random models)."""
+"""An int8 draft's few-token calls on a CPU run as traced graphs (``CachedDecoder(traced=True)``) once a shape is
+called often: the same bits as its Python call with ``fixed`` before and after, in its logits, hidden states and cache
+writes, at other memory lengths than the one it was traced at; one trace per shape; longer calls, exact decoders and
+float drafts stay in Python (tiny random models)."""
 from __future__ import annotations
 
 import copy
@@ -8,6 +9,7 @@ import copy
 import pytest
 import torch
 
+from asr_spec.models import kv_decoder
 from asr_spec.models.compute import int8_kernels
 from asr_spec.models.kv_decoder import TRACED_TOKENS
 from asr_spec.models.loader import load_draft
@@ -26,13 +28,15 @@ def drafts(tiny_target):
     return draft, python
 
 
-def test_a_traced_call_has_the_bits_of_its_python_call(drafts, tiny_target):
+def test_a_traced_call_has_the_bits_of_its_python_call(drafts, tiny_target, monkeypatch):
     traced, python = drafts
     traced.traces.clear()
+    traced.calls.clear()
+    monkeypatch.setattr(kv_decoder, "TRACE_AFTER", 2)  # each shape's first call in Python, the next traced
     g = torch.Generator().manual_seed(0)
     d = tiny_target.net.config.d_model
-    # memories of 24 positions first (the one traced), then 40 and 7: one trace serves every length
-    for b, frames in ((1, 24), (1, 40), (1, 7), (2, 24)):
+    # memories of 24 positions twice (traced at the second), then 40 and 7: one trace serves every length
+    for b, frames in ((1, 24), (1, 24), (1, 40), (1, 7), (2, 24), (2, 24)):
         memory = torch.randn(b, frames, d, generator=g)
         caches = [dec.new_cache(memory, 64) for dec in (traced, python)]
         n = 10
@@ -53,10 +57,13 @@ def test_a_traced_call_has_the_bits_of_its_python_call(drafts, tiny_target):
 def test_wide_calls_and_exact_decoders_stay_in_python(drafts, tiny_target):
     traced, _ = drafts
     traced.traces.clear()
+    traced.calls.clear()
     memory = torch.zeros(1, 24, tiny_target.net.config.d_model)
     cache = traced.new_cache(memory, 64)
     width = TRACED_TOKENS + 1
-    traced(cache, torch.zeros(1, width, dtype=torch.long), torch.arange(width)[None], torch.zeros(1, 1, dtype=torch.long))
-    assert not traced.traces
+    for _ in range(kv_decoder.TRACE_AFTER + 1):
+        traced(cache, torch.zeros(1, width, dtype=torch.long), torch.arange(width)[None],
+               torch.zeros(1, 1, dtype=torch.long))
+    assert not traced.traces and not traced.calls
     assert tiny_target.decoder.traces is None  # a target (exact) is never traced
     assert load_draft("layers:0", tiny_target, int8=False).decoder.traces is None  # nor a float draft
