@@ -8,7 +8,8 @@ token, the shortlist output layer, as ``passes.draft`` calls it).
 A step's wall time is the median over rounds of 50 steps; the split comes from torch's profiler over 100 more steps
 (each operator's own time), scaled to that wall time: the profiler's operators that multiply weights are
 *products*, its attention kernels *attention*, every other operator *other operations*, and what the profiler does
-not see of the wall time (the Python of the decoder's call) *host*.
+not see of the wall time (what runs between the operators: TorchScript's interpreter once the step is traced, as a
+long file's steps are; Python before) *host*.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from asr_spec.evaluation.provenance import provenance
+from asr_spec.models.kv_decoder import TRACE_AFTER
 from asr_spec.models.loader import default_draft, load_draft, load_target
 
 PRODUCTS = ("quantized::linear_dynamic", "aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm")
@@ -43,7 +45,7 @@ def split(frames: int, target, draft, rounds: int) -> dict:
     def step() -> None:
         dec(cache, tokens[:, CACHED:], pos[:, CACHED:], at, shortlist=True)
 
-    for _ in range(20):
+    for _ in range(TRACE_AFTER + 20):  # as a long file's steps run: traced (models/kv_decoder.py)
         step()
     means = []
     for _ in range(rounds):
