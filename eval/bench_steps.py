@@ -24,8 +24,8 @@ import torch
 
 from asr_spec.decoding.static import capture
 from asr_spec.evaluation.provenance import cpu_name, provenance
-from asr_spec.models.kv_decoder import TRACE_AFTER
 from asr_spec.models.loader import default_draft, load_draft, load_target
+from asr_spec.models.traced_step import TRACE_AFTER
 
 NEW_TOKENS = (1, 2, 3, 4, 5, 6, 9)
 
@@ -76,7 +76,7 @@ def bench(compute_type: str, spec: str, b: int, n: int, frames: int, device: str
         calls = {t: (lambda t=t, a=at(t): dec(cache, tokens[:, n:n + t], pos[:, n:n + t], a)) for t in NEW_TOKENS}
         if name.endswith("CUDA graph"):
             calls = {t: graphed(call) for t, call in calls.items()}
-        elif name.startswith("draft") and dec.traces is not None:  # as a long file's steps run: traced (kv_decoder.py)
+        elif name.startswith("draft") and dec.traces is not None:  # as a long file's steps run: traced (models/traced_step.py)
             for call in calls.values():
                 for _ in range(TRACE_AFTER):
                     call()

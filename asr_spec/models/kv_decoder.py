@@ -7,7 +7,6 @@ rolling a row back is just feeding from an earlier position next time (gpt-fast 
 from __future__ import annotations
 
 import copy
-import warnings
 from bisect import bisect_left
 from dataclasses import dataclass
 from functools import cached_property
@@ -19,6 +18,7 @@ from torch import nn
 
 from . import network
 from .linear import INT8_MODES, Dense, Int8, Linear, Plain
+from .traced_step import Traces
 
 
 class Columns:
@@ -172,14 +172,6 @@ def stack_cross(rows: list[CrossKV], width: int | None = None) -> CrossKV:
 # (tests/decoding/test_compute.py checks it on the tiny model, eval/experiments/exact_rows.py and eval's identical-to-target on the real one).
 EXACT_QUERIES = 4
 EXACT_KEYS = 512
-# An int8 draft's steps on a CPU run as TorchScript graphs traced from its own call (``CachedDecoder(traced=True)``):
-# the same operations, so the same bits as the call with ``fixed``, without the Python between them, which is about
-# a quarter of a draft step on a 2-core CPU (eval/experiments/profile_draft_step.py). A shape is traced at its
-# TRACE_AFTER-th call: a trace takes about 0.2 s, what a few hundred steps save, so a short file's few steps never pay
-# for one; before it, the call runs in Python with ``fixed`` (the same bits). A call feeding more than TRACED_TOKENS
-# tokens (a prompt, a catch-up after hints) runs as it is: its widths vary.
-TRACED_TOKENS = 4
-TRACE_AFTER = 256
 
 
 
@@ -224,7 +216,7 @@ class CachedDecoder:
     hidden state with the target's own output layer (Whisper ties it to the token embeddings, which the draft shares),
     in the layers' type: a word the shortlist lacks can still be proposed (``passes.draft``).
 
-    ``traced`` (int8 drafts on a CPU): its few-token calls run as traced graphs (see ``TRACED_TOKENS``).
+    ``traced`` (int8 drafts on a CPU): its few-token calls run as traced graphs (``traced_step.Traces``).
     """
 
     def __init__(self, decoder: nn.Module, head: torch.Tensor, head_ids: torch.Tensor | None = None,
@@ -254,10 +246,18 @@ class CachedDecoder:
         self.rest_head = None if rest_ids is None else \
             linear(decoder.embed_tokens.weight.detach()[self.rest_ids].to(self.dtype))
         self.max_positions = decoder.embed_positions.weight.shape[0]
-        # (rows, tokens fed, logits returned, shortlist, hidden, cache capacity) -> its traced call, and the calls of
-        # each shape so far (``_traced``); float layers hold oneDNN's packed weights, which a trace cannot keep
-        self.traces: dict[tuple, torch.jit.ScriptModule] | None = {} if traced and int8 and not exact else None
-        self.calls: dict[tuple, int] = {}
+        # float layers hold oneDNN's packed weights, which a trace cannot keep
+        self.traces = self._traces() if traced and int8 and not exact else None
+
+    def _traces(self) -> Traces:
+        """Its few-token calls as traced graphs: the call with ``fixed``, over a cache of the given tensors."""
+        n = len(self.layers)
+        layers = [v for layer in self.layers for v in vars(layer).values()] + [self.head, self.rest_head]
+        return Traces(lambda cache, tokens, positions, at, shortlist, hidden: self._forward(
+                          cache, tokens, positions, at, shortlist, None, True, 0, hidden),
+                      lambda ts: KVCache(*(ts[j * n:(j + 1) * n] for j in range(4))),
+                      [self.decoder, self.final_norm, *(m for x in self.layers for m in (x.ln1, x.ln2, x.ln3))],
+                      [x.packed for x in layers if isinstance(x, Int8) and x.cpu])
 
     @property
     def device(self) -> torch.device:
@@ -309,29 +309,9 @@ class CachedDecoder:
         ``fixed``: attend over the whole self-attention cache, masked (as an exact decoder does), so that no shape
         depends on the positions and the call never reads the device (a CUDA graph's capture). ``hidden``: also
         the final layer norm's output at those indices [B, T', D] (what :meth:`rest` reads)."""
-        if self.traces is not None and cross_scores is None and logits_at is not None and \
-                tokens.shape[1] <= TRACED_TOKENS and cache.cross_lengths is None and cache.static_mask is None:
-            return self._traced(cache, tokens, positions, logits_at, shortlist, hidden)
+        if self.traces is not None and cross_scores is None and self.traces.takes(cache, tokens, logits_at):
+            return self.traces(cache, tokens, positions, logits_at, shortlist, hidden)
         return self._forward(cache, tokens, positions, logits_at, shortlist, cross_scores, fixed, scores_from, hidden)
-
-    def _traced(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor, logits_at: torch.Tensor,
-                shortlist: bool, hidden: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """The call with ``fixed``: in Python for a shape's first ``TRACE_AFTER`` calls, then as the graph traced
-        for that shape (the same bits either way, at any memory length: tests/models/test_traced_step.py)."""
-        key = (*tokens.shape, logits_at.shape[1], shortlist, hidden, cache.self_k[0].shape[2])
-        if (step := self.traces.get(key)) is None:
-            self.calls[key] = calls = self.calls.get(key, 0) + 1
-            if calls < TRACE_AFTER:
-                return self._forward(cache, tokens, positions, logits_at, shortlist, None, True, 0, hidden)
-            with warnings.catch_warnings():  # the tracer's notes on shapes read as numbers: constant in these calls
-                warnings.simplefilter("ignore")
-                step = self.traces[key] = torch.jit.trace(_Step(self, shortlist, hidden).eval(),
-                                                          (tokens, positions, logits_at, *cache.tensors()),
-                                                          check_trace=False)
-        # run as traced: TorchScript's optimizing executor profiles a graph's first calls and then rewrites it,
-        # which cost more than it bought here (a step's second call 21 ms, later steps no faster)
-        with torch.jit.optimized_execution(False):
-            return step(tokens, positions, logits_at, *cache.tensors())
 
     def _forward(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
                  logits_at: torch.Tensor | None, shortlist: bool,
@@ -411,23 +391,3 @@ class CachedDecoder:
         (``__call__``'s ``hidden``)."""
         return self.rest_head(hidden).float()
 
-
-class _Step(nn.Module):
-    """A decoder's call with ``fixed`` over a cache given as tensors (self keys, self values, cross keys, cross values,
-    per layer), what ``torch.jit.trace`` traces; its modules and its int8 layers' packed weights registered, as the
-    tracer requires of what it calls (a module's weights that take gradients cannot be the trace's constants)."""
-
-    def __init__(self, decoder: CachedDecoder, shortlist: bool, hidden: bool):
-        super().__init__()
-        self.step, self.shortlist, self.hidden = decoder, shortlist, hidden
-        self.called = nn.ModuleList([decoder.decoder, decoder.final_norm,
-                                     *(m for layer in decoder.layers for m in (layer.ln1, layer.ln2, layer.ln3))])
-        layers = [v for layer in decoder.layers for v in vars(layer).values()] + [decoder.head, decoder.rest_head]
-        for i, packed in enumerate(x.packed for x in layers if isinstance(x, Int8) and x.cpu):
-            setattr(self, f"packed{i}", packed)
-
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, logits_at: torch.Tensor,
-                *tensors: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        n = len(self.step.layers)
-        cache = KVCache(*(list(tensors[j * n:(j + 1) * n]) for j in range(4)))
-        return self.step._forward(cache, tokens, positions, logits_at, self.shortlist, None, True, 0, self.hidden)

@@ -279,7 +279,7 @@ def load_draft(spec: str, target: Whisper, int8: bool | None = None) -> Draft:
     # anyway, and bfloat16 attention over one query takes a slow path (draft step at int8_bfloat16: 0.92 ms in
     # bfloat16, 0.62 in float32; AMD EPYC, 2 threads)
     compute = torch.float32 if int8 and device.type == "cpu" else dtype
-    # an int8 draft's steps on a CPU as traced graphs (kv_decoder.py, ``TRACED_TOKENS``); on CUDA the static
+    # an int8 draft's steps on a CPU as traced graphs (traced_step.py); on CUDA the static
     # decode's graphs replay them
     decoder = lambda net, head, ids=None, rest_ids=None: CachedDecoder(net, head, ids, int8=quant,  # noqa: E731
                                                                        dtype=compute, rest_ids=rest_ids,

@@ -23,8 +23,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from asr_spec.evaluation.provenance import provenance
-from asr_spec.models.kv_decoder import TRACE_AFTER
 from asr_spec.models.loader import default_draft, load_draft, load_target
+from asr_spec.models.traced_step import TRACE_AFTER
 
 PRODUCTS = ("quantized::linear_dynamic", "aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm")
 ATTENTION = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention",
@@ -45,7 +45,7 @@ def split(frames: int, target, draft, rounds: int) -> dict:
     def step() -> None:
         dec(cache, tokens[:, CACHED:], pos[:, CACHED:], at, shortlist=True)
 
-    for _ in range(TRACE_AFTER + 20):  # as a long file's steps run: traced (models/kv_decoder.py)
+    for _ in range(TRACE_AFTER + 20):  # as a long file's steps run: traced (models/traced_step.py)
         step()
     means = []
     for _ in range(rounds):

@@ -9,10 +9,10 @@ import copy
 import pytest
 import torch
 
-from asr_spec.models import kv_decoder
+from asr_spec.models import traced_step
 from asr_spec.models.compute import int8_kernels
-from asr_spec.models.kv_decoder import TRACED_TOKENS
 from asr_spec.models.loader import load_draft
+from asr_spec.models.traced_step import TRACED_TOKENS
 
 needs_int8 = pytest.mark.skipif(not int8_kernels("cpu"), reason="no int8 CPU kernels here")
 pytestmark = needs_int8
@@ -30,9 +30,8 @@ def drafts(tiny_target):
 
 def test_a_traced_call_has_the_bits_of_its_python_call(drafts, tiny_target, monkeypatch):
     traced, python = drafts
-    traced.traces.clear()
-    traced.calls.clear()
-    monkeypatch.setattr(kv_decoder, "TRACE_AFTER", 2)  # each shape's first call in Python, the next traced
+    traced.traces = traced._traces()
+    monkeypatch.setattr(traced_step, "TRACE_AFTER", 2)  # each shape's first call in Python, the next traced
     g = torch.Generator().manual_seed(0)
     d = tiny_target.net.config.d_model
     # memories of 24 positions twice (traced at the second), then 40 and 7: one trace serves every length
@@ -51,19 +50,18 @@ def test_a_traced_call_has_the_bits_of_its_python_call(drafts, tiny_target, monk
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (b, frames, t)
             assert all(torch.equal(x, y) for x, y in zip(caches[0].tensors(), caches[1].tensors())), (b, frames, t)
             n += t
-    assert sorted(k[:2] for k in traced.traces) == [(1, 1), (1, 2), (2, 1), (2, 2)]  # rows and tokens: 4 shapes
+    assert sorted(k[:2] for k in traced.traces.graphs) == [(1, 1), (1, 2), (2, 1), (2, 2)]  # rows and tokens: 4 shapes
 
 
 def test_wide_calls_and_exact_decoders_stay_in_python(drafts, tiny_target):
     traced, _ = drafts
-    traced.traces.clear()
-    traced.calls.clear()
+    traced.traces = traced._traces()
     memory = torch.zeros(1, 24, tiny_target.net.config.d_model)
     cache = traced.new_cache(memory, 64)
     width = TRACED_TOKENS + 1
-    for _ in range(kv_decoder.TRACE_AFTER + 1):
+    for _ in range(traced_step.TRACE_AFTER + 1):
         traced(cache, torch.zeros(1, width, dtype=torch.long), torch.arange(width)[None],
                torch.zeros(1, 1, dtype=torch.long))
-    assert not traced.traces and not traced.calls
+    assert not traced.traces.graphs and not traced.traces.calls
     assert tiny_target.decoder.traces is None  # a target (exact) is never traced
     assert load_draft("layers:0", tiny_target, int8=False).decoder.traces is None  # nor a float draft
