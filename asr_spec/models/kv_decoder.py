@@ -390,4 +390,3 @@ class CachedDecoder:
         """Logits [N, len(rest_ids)] (float32) of the tokens outside the shortlist for hidden states [N, D]
         (``__call__``'s ``hidden``)."""
         return self.rest_head(hidden).float()
-
