@@ -335,7 +335,7 @@ def test_token_dense_german_speech(server, transcriber, tmp_path):
     # The words themselves: sent as fast as allowed, the server's stream splits where the engine takes the audio in,
     # which follows the machine's speed (the same code gave 3.6-28.4 % here), so they are checked as such a stream
     # usually falls, its first second decoded alone and then the rest, fed to the engine in that order. Paced in
-    # pieces of 0.5-4 s, this speech streams at 31-38 % against offline (docs/languages.md): not what this test holds.
+    # pieces of 0.5-4 s, this speech streams at 31-38 % against offline: open (docs/languages.md), not held here.
     pieces = [audio[:16000], audio[16000:]]
     fell = run_with_deadline(lambda: stream_pieces(Engine(transcriber), [pieces], StreamConfig(language="de"))[0], 300)
     fast = finals_text([e.as_dict() for e in fell])
